@@ -1,4 +1,15 @@
-"""toolreg: run tool calls with cooperative, quiescent cancellation."""
+"""toolreg: run tool calls with cooperative, quiescent cancellation.
+
+The public API, re-exported from the private modules that implement it:
+
+* tokens (`_cancel`): `CancelSource`, `CancelToken`, `Registration`, `Cancelled`,
+  `TimeoutReason`, `deadline`, `timeout_of`;
+* calls and results (`_results`): `ToolCall`, `ToolResult`, `ToolError`, `ErrorCode`;
+* tools (`_tools`): `Tool`, `ToolContext`, `FrozenDict`;
+* hooks (`_hooks`): `Allow`, `Deny`, `Ask`, `Dispatch` and the `Protocol` of each hook kind;
+* the registry (`_registry`): `ToolRegistry`, `InFlightCall`;
+* policies (`_policies`): `TimeoutPolicy`, `RetryPolicy`.
+"""
 
 from ._cancel import Cancelled as Cancelled
 from ._cancel import CancelSource as CancelSource
@@ -7,13 +18,55 @@ from ._cancel import Registration as Registration
 from ._cancel import TimeoutReason as TimeoutReason
 from ._cancel import deadline as deadline
 from ._cancel import timeout_of as timeout_of
+from ._hooks import Allow as Allow
+from ._hooks import Approver as Approver
+from ._hooks import AroundWrapper as AroundWrapper
+from ._hooks import Ask as Ask
+from ._hooks import Deny as Deny
+from ._hooks import Dispatch as Dispatch
+from ._hooks import Guard as Guard
+from ._hooks import PostExecuteHook as PostExecuteHook
+from ._hooks import PreExecuteHook as PreExecuteHook
+from ._hooks import ResultObserver as ResultObserver
+from ._policies import RetryPolicy as RetryPolicy
+from ._policies import TimeoutPolicy as TimeoutPolicy
+from ._registry import InFlightCall as InFlightCall
+from ._registry import ToolRegistry as ToolRegistry
+from ._results import ErrorCode as ErrorCode
+from ._results import ToolCall as ToolCall
+from ._results import ToolError as ToolError
+from ._results import ToolResult as ToolResult
+from ._tools import FrozenDict as FrozenDict
+from ._tools import Tool as Tool
+from ._tools import ToolContext as ToolContext
 
 __all__ = [
+    "Allow",
+    "Approver",
+    "Ask",
+    "AroundWrapper",
     "CancelSource",
     "CancelToken",
     "Cancelled",
+    "Deny",
+    "Dispatch",
+    "ErrorCode",
+    "FrozenDict",
+    "Guard",
+    "InFlightCall",
+    "PostExecuteHook",
+    "PreExecuteHook",
     "Registration",
+    "ResultObserver",
+    "RetryPolicy",
+    "TimeoutPolicy",
     "TimeoutReason",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolError",
+    "ToolRegistry",
+    "ToolResult",
     "deadline",
     "timeout_of",
 ]

@@ -1,0 +1,162 @@
+"""Hook kinds: decisions, the `Protocol` of each stage's callable, and the `Dispatch` slot."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ._cancel import CancelToken, Registration
+from ._results import ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    from ._tools import Tool
+
+__all__ = [
+    "Allow",
+    "Approver",
+    "Ask",
+    "AroundWrapper",
+    "Deny",
+    "Dispatch",
+    "Guard",
+    "PostExecuteHook",
+    "PreExecuteHook",
+    "ResultObserver",
+]
+
+
+@dataclass(frozen=True)
+class Allow:
+    """A pre-execute decision: go on (the same as returning None)."""
+
+
+@dataclass(frozen=True)
+class Deny:
+    """A pre-execute decision: refuse the call (`DENIED` with `reason`); final."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A pre-execute decision: go on only if the approver approves (`reason` is shown to it)."""
+
+    reason: str
+
+
+Decision = Allow | Deny | Ask
+
+
+class PreExecuteHook(Protocol):
+    """`hook(call, token) -> None | Allow() | Deny(reason) | Ask(reason)`."""
+
+    def __call__(self, call: ToolCall, token: CancelToken, /) -> Decision | None: ...
+
+
+class Approver(Protocol):
+    """`fn(call, reason, token) -> bool`: only `True` approves."""
+
+    def __call__(self, call: ToolCall, reason: str, token: CancelToken, /) -> bool: ...
+
+
+class Guard(Protocol):
+    """`fn(call) -> str | None`: a returned string denies the call with that reason."""
+
+    def __call__(self, call: ToolCall, /) -> str | None: ...
+
+
+class Proceed(Protocol):
+    """Runs the rest of the wrapper chain and, last, the body; never raises."""
+
+    def __call__(self) -> ToolResult[Any]: ...
+
+
+class AroundWrapper(Protocol):
+    """`wrapper(dispatch, proceed) -> ToolResult`; the first registered is the outermost."""
+
+    def __call__(self, dispatch: Dispatch, proceed: Proceed, /) -> ToolResult[Any]: ...
+
+
+class PostExecuteHook(Protocol):
+    """`hook(result, token) -> ToolResult | None`; may turn success into failure, not back."""
+
+    def __call__(
+        self, result: ToolResult[Any], token: CancelToken, /
+    ) -> ToolResult[Any] | None: ...
+
+
+class ResultObserver(Protocol):
+    """`observer(result)`: sees each final, frozen result exactly once."""
+
+    def __call__(self, result: ToolResult[Any], /) -> object: ...
+
+
+class Dispatch:
+    """What an around wrapper sees of one call.
+
+    `call`, `tool` and `caller_token` are read-only. `token` is the token everything downstream
+    observes; a wrapper may replace it (say with a deadline derived from it) and should restore
+    it afterwards. Replacing it can never detach the caller: immediately before the body starts,
+    the registry fuses the call's token with whatever `token` holds then.
+    """
+
+    __slots__ = ("_call", "_caller_token", "_tool", "token")
+
+    def __init__(self, call: ToolCall, tool: Tool, caller_token: CancelToken, token: CancelToken):
+        self._call = call
+        self._tool = tool
+        self._caller_token = caller_token
+        self.token = token
+
+    @property
+    def call(self) -> ToolCall:
+        """The call, with its frozen arguments."""
+        return self._call
+
+    @property
+    def tool(self) -> Tool:
+        """The tool being called."""
+        return self._tool
+
+    @property
+    def caller_token(self) -> CancelToken:
+        """The caller's token, captured at entry."""
+        return self._caller_token
+
+    def __repr__(self) -> str:
+        return f"<Dispatch {self._call.name!r} token={self.token!r}>"
+
+
+@dataclass(frozen=True)
+class HookSet:
+    """The hooks of one moment: a call uses the set that was current at its entry."""
+
+    pre_execute: tuple[PreExecuteHook, ...] = ()
+    approver: Approver | None = None
+    guards: tuple[Guard, ...] = ()
+    around: tuple[AroundWrapper, ...] = ()
+    post_execute: tuple[PostExecuteHook, ...] = ()
+    observers: tuple[ResultObserver, ...] = ()
+
+
+class HookRegistration(Registration):
+    """Removes one hook (or tool) from its registry: `remove()` is True the first time."""
+
+    __slots__ = ("_lock", "_removed", "_undo")
+
+    def __init__(self, undo: Callable[[], bool]) -> None:
+        self._undo = undo
+        self._removed = False
+        self._lock = threading.Lock()  # guards _removed, so two remove() calls undo once
+
+    def remove(self) -> bool:
+        with self._lock:
+            if self._removed:
+                return False
+            self._removed = True
+        return self._undo()
+
+    def __repr__(self) -> str:
+        return f"<Registration {'removed' if self._removed else 'active'}>"

@@ -1,0 +1,539 @@
+"""`ToolRegistry`: tools, hooks, the body executor, and the lifecycle of calls."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, overload
+
+import fastjsonschema
+
+from ._body import INTERRUPTS
+from ._cancel import CancelSource, CancelToken, Registration
+from ._hooks import (
+    Approver,
+    AroundWrapper,
+    Guard,
+    HookRegistration,
+    HookSet,
+    PostExecuteHook,
+    PreExecuteHook,
+    ResultObserver,
+)
+from ._pipeline import CallState, entry_failure
+from ._results import ErrorCode, ToolCall, ToolResult
+from ._tools import (
+    ConcurrencySafe,
+    InvalidArguments,
+    Tool,
+    ToolContext,
+    Validator,
+    compile_schema,
+    freeze_arguments,
+)
+
+__all__ = ["InFlightCall", "ToolRegistry"]
+
+logger = logging.getLogger("toolreg")
+F = TypeVar("F", bound=Callable[..., Any])
+SchemaStyle = Literal["openai", "anthropic", "mcp"]
+_EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class InFlightCall:
+    """A snapshot of one call in progress (times are `time.monotonic()` seconds)."""
+
+    call: ToolCall
+    stage: str
+    started: float
+    cancelled: bool
+    cancelled_at: float | None
+    dispatched: bool
+
+
+@dataclass(frozen=True)
+class _Entry:
+    tool: Tool
+    validator: Validator | None
+
+
+def _frozen_call(name: str, arguments: Mapping[str, Any] | None, call_id: str) -> ToolCall:
+    """A ToolCall holding exactly `arguments` (None when they could not be materialized)."""
+    call = ToolCall.__new__(ToolCall)
+    object.__setattr__(call, "name", name)
+    object.__setattr__(call, "arguments", arguments)
+    object.__setattr__(call, "call_id", call_id)
+    return call
+
+
+class ToolRegistry:
+    """Runs tool calls with cooperative, quiescent cancellation.
+
+    Each `execute` runs the pipeline (pre-execute hooks, approval, guards, around wrappers, the
+    body on the executor, post-execute hooks, observers) in the calling thread, except the body,
+    which runs on the registry's `ThreadPoolExecutor` (or the thread executor passed in) while
+    the caller joins it. No body starts after its live caller token was cancelled, no success
+    escapes after cancellation, and every started body is waited for.
+
+    Thread-safe: tools and hooks may be added or removed while calls are in flight (a call uses
+    the hooks present at its entry). `close()` (or leaving a `with` block) cancels every call in
+    flight, waits for all of them, and shuts down an executor the registry owns.
+
+    Example::
+
+        with ToolRegistry(max_workers=4) as registry:
+            @registry.tool(description="Add two numbers")
+            def add(args, ctx):
+                return args["a"] + args["b"]
+
+            registry.execute("add", {"a": 1, "b": 2}).content    # '3'
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = 8,
+        *,
+        executor: Executor | None = None,
+        thread_name_prefix: str = "toolreg",
+        overdue_after: float | None = 30.0,
+    ) -> None:
+        if executor is None:
+            self._executor: Executor = ThreadPoolExecutor(max_workers, thread_name_prefix)
+            self._owns_executor = True
+        else:
+            _check_executor(executor)
+            self._executor = executor
+            self._owns_executor = False
+        if overdue_after is not None and not (overdue_after > 0):
+            raise ValueError("overdue_after must be positive seconds, or None to disable")
+        self._overdue_after = overdue_after
+        # Guards _tools, _hooks, _hook_ids, _calls, _active, _closing, _closed. Tools and hooks
+        # are replaced copy-on-write, so calls read them without the lock.
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # notified when _active drops to 0
+        self._tools: dict[str, _Entry] = {}
+        self._hooks = HookSet()
+        self._hook_ids: dict[str, tuple[int, ...]] = {}
+        self._calls: dict[int, CallState] = {}
+        self._active = 0
+        self._closing = False
+        self._closed = False
+        self._local = threading.local()  # .depth > 0 while this thread is inside one of our calls
+
+    # -- tools -----------------------------------------------------------------------------------
+
+    def register(self, tool: Tool) -> Registration:
+        """Add a tool; `ValueError` for a duplicate name or an invalid schema."""
+        if not isinstance(tool, Tool):
+            raise TypeError(f"register() takes a Tool, got {type(tool).__name__}")
+        entry = _Entry(tool, compile_schema(tool))
+        with self._lock:
+            if tool.name in self._tools:
+                raise ValueError(f"a tool named {tool.name!r} is already registered")
+            self._tools = {**self._tools, tool.name: entry}
+        return HookRegistration(lambda: self._unregister(entry))
+
+    def _unregister(self, entry: _Entry) -> bool:
+        with self._lock:
+            if self._tools.get(entry.tool.name) is not entry:
+                return False
+            tools = dict(self._tools)
+            del tools[entry.tool.name]
+            self._tools = tools
+            return True
+
+    @overload
+    def tool(self, fn: F, /) -> F: ...
+
+    @overload
+    def tool(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        concurrency_safe: ConcurrencySafe = False,
+        render: Callable[[Any], str] | None = None,
+    ) -> Callable[[F], F]: ...
+
+    def tool(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        concurrency_safe: ConcurrencySafe = False,
+        render: Callable[[Any], str] | None = None,
+    ) -> F | Callable[[F], F]:
+        """Decorator: register `fn(args, ctx)` as a tool and return it unchanged.
+
+        The name defaults to the function's name and the description to its docstring.
+        """
+
+        def decorate(fn: F) -> F:
+            text = description if description is not None else inspect.getdoc(fn) or ""
+            tool = Tool(
+                name or fn.__name__, fn, text, parameters, timeout, concurrency_safe, render
+            )
+            self.register(tool)
+            return fn
+
+        return decorate if fn is None else decorate(fn)
+
+    def get(self, name: str) -> Tool | None:
+        """The tool registered under `name`, or None."""
+        entry = self._tools.get(name)
+        return None if entry is None else entry.tool
+
+    def tools(self) -> tuple[Tool, ...]:
+        """The registered tools, sorted by name."""
+        return tuple(entry.tool for _, entry in sorted(self._tools.items()))
+
+    def schemas(self, style: SchemaStyle = "openai") -> list[dict[str, Any]]:
+        """Tool definitions in the shape a model or client expects, sorted by name.
+
+        `"openai"` (function calling), `"anthropic"` (tool use) or `"mcp"` (`tools/list`). A
+        tool without `parameters` gets an empty object schema. Each call returns fresh copies.
+        """
+        shapes: dict[str, Callable[[Tool, dict[str, Any]], dict[str, Any]]] = {
+            "openai": lambda t, s: {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": s},
+            },
+            "anthropic": lambda t, s: {
+                "name": t.name,
+                "description": t.description,
+                "input_schema": s,
+            },
+            "mcp": lambda t, s: {"name": t.name, "description": t.description, "inputSchema": s},
+        }
+        shape = shapes.get(style)
+        if shape is None:
+            raise ValueError(f"unknown schema style {style!r}; use one of {sorted(shapes)}")
+        return [shape(tool, _schema_of(tool)) for tool in self.tools()]
+
+    # -- hooks -----------------------------------------------------------------------------------
+
+    def add_pre_execute(self, hook: PreExecuteHook) -> Registration:
+        """`hook(call, token) -> None | Allow() | Deny(reason) | Ask(reason)`, in order."""
+        return self._add_hook("pre_execute", hook)
+
+    def set_approver(self, approver: Approver) -> Registration:
+        """`approver(call, reason, token) -> bool`; replaces any previous approver."""
+        _check_callable(approver, "approver")
+        with self._lock:
+            self._hooks = dataclasses.replace(self._hooks, approver=approver)
+
+        def undo() -> bool:
+            with self._lock:
+                if self._hooks.approver is not approver:
+                    return False
+                self._hooks = dataclasses.replace(self._hooks, approver=None)
+                return True
+
+        return HookRegistration(undo)
+
+    def add_guard(self, guard: Guard) -> Registration:
+        """`guard(call) -> str | None`; a string denies the call with that reason."""
+        return self._add_hook("guards", guard)
+
+    def add_around(self, wrapper: AroundWrapper) -> Registration:
+        """`wrapper(dispatch, proceed) -> ToolResult`; the first registered is outermost."""
+        return self._add_hook("around", wrapper)
+
+    def add_post_execute(self, hook: PostExecuteHook) -> Registration:
+        """`hook(result, token) -> ToolResult | None`; may fail a success, never the reverse."""
+        return self._add_hook("post_execute", hook)
+
+    def on_result(self, observer: ResultObserver) -> Registration:
+        """`observer(result)` sees every final result once; its exceptions are logged."""
+        return self._add_hook("observers", observer)
+
+    def _add_hook(self, kind: str, hook: Callable[..., Any]) -> Registration:
+        _check_callable(hook, kind.replace("_", "-").rstrip("s"))
+        key = object()
+        with self._lock:
+            hooks = getattr(self._hooks, kind)
+            ids = self._hook_ids.get(kind, ())
+            changes: dict[str, Any] = {kind: (*hooks, hook)}
+            self._hooks = dataclasses.replace(self._hooks, **changes)
+            self._hook_ids[kind] = (*ids, id(key))
+        return HookRegistration(lambda: self._remove_hook(kind, id(key), key))
+
+    def _remove_hook(self, kind: str, ident: int, key: object) -> bool:
+        del key  # kept alive until now so that its id stays unique
+        with self._lock:
+            ids = self._hook_ids.get(kind, ())
+            if ident not in ids:
+                return False
+            index = ids.index(ident)
+            hooks = getattr(self._hooks, kind)
+            changes: dict[str, Any] = {kind: hooks[:index] + hooks[index + 1 :]}
+            self._hooks = dataclasses.replace(self._hooks, **changes)
+            self._hook_ids[kind] = ids[:index] + ids[index + 1 :]
+            return True
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def execute(
+        self,
+        call_or_name: ToolCall | str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        token: CancelToken | None = None,
+        start_if_cancelled: bool = True,
+    ) -> ToolResult[Any]:
+        """Run one call through the pipeline and return its final `ToolResult`; blocks.
+
+        `token` is the caller's token (default: never cancelled). With a token that is already
+        cancelled, `start_if_cancelled=True` (the default, for direct callers) still runs the
+        call so the body can clean up; `False` (what a server or agent loop should pass) starts
+        nothing and returns `ABORTED_BEFORE_DISPATCH`. Never raises for a tool-level problem;
+        raises `RuntimeError` after `close()`, `TypeError` for a call that is not a `ToolCall`
+        or a name, and re-raises a Ctrl-C once the call has settled.
+        """
+        started = time.monotonic()
+        call = _as_call(call_or_name, arguments)
+        caller = _as_token(token)
+        return self._execute(call, caller, start_if_cancelled, False, started, nested=False)
+
+    def _nested(
+        self, call_or_name: object, arguments: Mapping[str, Any] | None, token: CancelToken
+    ) -> ToolResult[Any]:
+        started = time.monotonic()
+        call = _as_call(call_or_name, arguments)
+        return self._execute(call, token, False, True, started, nested=True)
+
+    def _execute(
+        self,
+        call: ToolCall,
+        caller: CancelToken,
+        start_if_cancelled: bool,
+        inline: bool,
+        started: float,
+        nested: bool,
+    ) -> ToolResult[Any]:
+        self._enter(nested)
+        local = self._local
+        local.depth = getattr(local, "depth", 0) + 1
+        try:
+            return self._run(call, caller, start_if_cancelled, inline, started)
+        finally:
+            local.depth -= 1
+            self._leave()
+
+    def _run(
+        self,
+        call: ToolCall,
+        caller: CancelToken,
+        start_if_cancelled: bool,
+        inline: bool,
+        started: float,
+    ) -> ToolResult[Any]:
+        hooks = self._hooks  # the hooks present at entry serve the whole call
+        admitted = self._admit(call, started)
+        if isinstance(admitted, ToolResult):
+            return _notify(hooks.observers, admitted)
+        call, tool = admitted
+        if caller.cancelled and not start_if_cancelled:
+            aborted = entry_failure(
+                call,
+                ErrorCode.ABORTED_BEFORE_DISPATCH,
+                "tool call aborted before dispatch",
+                started,
+            )
+            return _notify(hooks.observers, aborted)
+        source = CancelSource(caller)
+        state = CallState(self, call, tool, hooks, caller, source, started, inline)
+        key = id(state)
+        with self._lock:
+            self._calls[key] = state
+            closing = self._closing
+        if closing:  # close() may have listed the calls before this one: cancel it ourselves
+            source.cancel("registry closed")
+        try:
+            return self._run_state(state)
+        finally:
+            source.close()
+            with self._lock:
+                del self._calls[key]
+
+    def _run_state(self, state: CallState) -> ToolResult[Any]:
+        try:
+            result, post = state.run()
+            if post:
+                result = state.post_execute(result)
+        except INTERRUPTS as exc:  # landed between guarded spots: cancel, finish, re-raise
+            state.interrupt(exc)
+            result = state.aborted()
+        final = state.finalize(result)
+        state.notify(final)
+        if state.interrupted is not None:
+            raise state.interrupted
+        return final
+
+    def _admit(self, call: ToolCall, started: float) -> ToolResult[Any] | tuple[ToolCall, Tool]:
+        """Entry checks, in the contract's order; a failed result or (frozen call, tool)."""
+        try:
+            frozen = freeze_arguments(call.arguments)
+        except InvalidArguments as exc:
+            bad = _frozen_call(call.name, None, call.call_id)
+            return entry_failure(bad, ErrorCode.INVALID_ARGS, str(exc), started)
+        call = _frozen_call(call.name, frozen, call.call_id)
+        entry = self._tools.get(call.name) if isinstance(call.name, str) else None
+        if entry is None:
+            message = f"unknown tool {call.name!r}"
+            return entry_failure(call, ErrorCode.UNKNOWN_TOOL, message, started)
+        if entry.validator is not None:
+            try:
+                entry.validator(frozen)
+            except fastjsonschema.JsonSchemaException as exc:
+                message = getattr(exc, "message", str(exc))
+                return entry_failure(call, ErrorCode.INVALID_ARGS, message, started)
+        return call, entry.tool
+
+    def _run_body_here(self, tool: Tool, args: Any, ctx: ToolContext) -> Any:
+        """The body, on whatever thread runs it, marked as inside this registry."""
+        local = self._local
+        local.depth = getattr(local, "depth", 0) + 1
+        try:
+            return tool.fn(args, ctx)
+        finally:
+            local.depth -= 1
+
+    def in_flight(self) -> list[InFlightCall]:
+        """A snapshot of the calls in progress (past their entry checks), oldest first."""
+        with self._lock:
+            states = list(self._calls.values())
+        snapshot = [
+            InFlightCall(
+                state.call,
+                state.stage,
+                state.started,
+                state.token.cancelled,
+                state.cancelled_at(),
+                state.dispatched,
+            )
+            for state in states
+        ]
+        return sorted(snapshot, key=lambda entry: entry.started)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def _enter(self, nested: bool) -> None:
+        with self._lock:
+            if self._closed or (self._closing and not nested):
+                raise RuntimeError("this ToolRegistry is closed: create a new one to run calls")
+            self._active += 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._closing and not self._active:
+                self._idle.notify_all()
+
+    def close(self) -> None:
+        """Cancel every call in flight, wait for all of them, shut down an owned executor.
+
+        Idempotent. Afterwards `execute` raises `RuntimeError`. Calling it from inside one of
+        this registry's own calls (a hook, a body, an observer) raises `RuntimeError` instead of
+        waiting for itself.
+        """
+        if getattr(self._local, "depth", 0):
+            raise RuntimeError(
+                "close() from inside one of this registry's calls would wait forever"
+            )
+        with self._lock:
+            first = not self._closing
+            self._closing = True
+            in_flight = list(self._calls.values())
+        if first:
+            for state in in_flight:  # later calls see _closing and cancel themselves
+                state.source.cancel("registry closed")
+        with self._lock:
+            while self._active:
+                self._idle.wait()
+        if first and self._owns_executor:
+            self._executor.shutdown(wait=True)
+        with self._lock:
+            self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        """True once `close()` has finished."""
+        return self._closed
+
+    def __enter__(self) -> ToolRegistry:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "closing" if self._closing else "open"
+        return f"<ToolRegistry {state} tools={len(self._tools)} in_flight={self._active}>"
+
+
+def _notify(observers: tuple[ResultObserver, ...], result: ToolResult[Any]) -> ToolResult[Any]:
+    interrupted: BaseException | None = None
+    for observer in observers:
+        try:
+            observer(result)
+        except INTERRUPTS as exc:
+            interrupted = interrupted or exc
+        except BaseException:
+            logger.exception("toolreg: result observer %r raised", observer)
+    if interrupted is not None:
+        raise interrupted
+    return result
+
+
+def _as_call(call_or_name: object, arguments: Mapping[str, Any] | None) -> ToolCall:
+    if isinstance(call_or_name, ToolCall):
+        if arguments is not None:
+            raise TypeError("pass arguments inside the ToolCall, not beside it")
+        return call_or_name
+    if isinstance(call_or_name, str):
+        return ToolCall(call_or_name, arguments)
+    raise TypeError(f"execute() takes a ToolCall or a tool name, got {type(call_or_name).__name__}")
+
+
+def _as_token(token: object) -> CancelToken:
+    if token is None:
+        return CancelToken.never()
+    if not isinstance(token, CancelToken):
+        hint = " (pass source.token)" if isinstance(token, CancelSource) else ""
+        raise TypeError(f"token must be a CancelToken, got {type(token).__name__}{hint}")
+    return token
+
+
+def _check_callable(fn: object, what: str) -> None:
+    if not callable(fn):
+        raise TypeError(f"the {what} must be callable, got {type(fn).__name__}")
+
+
+def _check_executor(executor: object) -> None:
+    if isinstance(executor, ThreadPoolExecutor):
+        return
+    raise TypeError(
+        f"executor must be a ThreadPoolExecutor (tool bodies share tokens and contexts with this "
+        f"process), got {type(executor).__name__}"
+    )
+
+
+def _schema_of(tool: Tool) -> dict[str, Any]:
+    return copy.deepcopy(dict(tool.parameters if tool.parameters is not None else _EMPTY_SCHEMA))

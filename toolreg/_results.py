@@ -1,0 +1,185 @@
+"""Calls and their results: `ToolCall`, `ToolResult`, `ToolError`, `ErrorCode`."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
+
+__all__ = ["ErrorCode", "ToolCall", "ToolError", "ToolResult"]
+
+T = TypeVar("T", default=Any)
+
+
+class ErrorCode(str, enum.Enum):
+    """Why a call failed. Members compare equal to their names: `ErrorCode.ABORTED == "ABORTED"`.
+
+    * `ABORTED`: cancelled after a body of this call started.
+    * `ABORTED_BEFORE_DISPATCH`: cancelled before any body started (none will).
+    * `TOOL_TIMEOUT`: the tool's own deadline (`TimeoutPolicy`) fired first.
+    * `UNKNOWN_TOOL`, `INVALID_ARGS`: entry checks failed; nothing ran.
+    * `DENIED`: a pre-execute hook, the approver or a guard said no.
+    * `TOOL_ERROR`: the body raised (or its value could not be rendered).
+    * `HOOK_ERROR`: a hook or wrapper raised or returned something its stage does not allow.
+    """
+
+    ABORTED = "ABORTED"
+    ABORTED_BEFORE_DISPATCH = "ABORTED_BEFORE_DISPATCH"
+    TOOL_TIMEOUT = "TOOL_TIMEOUT"
+    UNKNOWN_TOOL = "UNKNOWN_TOOL"
+    INVALID_ARGS = "INVALID_ARGS"
+    DENIED = "DENIED"
+    TOOL_ERROR = "TOOL_ERROR"
+    HOOK_ERROR = "HOOK_ERROR"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_call_ids = itertools.count(1)
+_call_id_prefix = ""
+
+
+def _new_call_id_prefix() -> None:
+    # Random per process (and again after fork), so ids from several processes do not collide.
+    global _call_id_prefix
+    _call_id_prefix = "call_" + os.urandom(6).hex() + "_"
+
+
+_new_call_id_prefix()
+os.register_at_fork(after_in_child=_new_call_id_prefix)
+
+
+def new_call_id() -> str:
+    """A fresh call id, unique across the processes that write one log."""
+    return f"{_call_id_prefix}{next(_call_ids)}"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A request to run the tool `name` with `arguments`.
+
+    `arguments=None` means `{}`; `call_id=None` generates a fresh id. Construction never checks
+    the arguments: `execute` does, and reports bad ones as an `INVALID_ARGS` result. The call a
+    result carries (`result.call`) holds the validated, read-only copy of the arguments.
+    """
+
+    name: str
+    arguments: Mapping[str, Any] | None = None
+    call_id: str = ""
+
+    def __init__(
+        self, name: str, arguments: Mapping[str, Any] | None = None, call_id: str | None = None
+    ) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "arguments", {} if arguments is None else arguments)
+        object.__setattr__(self, "call_id", new_call_id() if call_id is None else call_id)
+
+    def __repr__(self) -> str:
+        return f"ToolCall({self.name!r}, {self.arguments!r}, call_id={self.call_id!r})"
+
+
+@dataclass(frozen=True)
+class ToolError:
+    """What went wrong: an `ErrorCode`, a message, and the exception if one was raised."""
+
+    code: ErrorCode
+    message: str
+    exception: BaseException | None = None
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
+
+_FAILURE_CONTENT = {
+    ErrorCode.ABORTED: "Error: tool call aborted",
+    ErrorCode.ABORTED_BEFORE_DISPATCH: "Error: tool call aborted before dispatch",
+}
+
+
+def render_content(value: object, render: Callable[[Any], str] | None = None) -> str:
+    """The model-visible text of a value: a str as is, else `render(value)` or JSON."""
+    if render is not None:
+        text = render(value)
+        if not isinstance(text, str):
+            raise TypeError(f"render() returned {type(text).__name__}, not str")
+        return text
+    kind = type(value)
+    if kind is str:
+        return value  # type: ignore[return-value]
+    if kind is int:
+        return int.__repr__(value)
+    if isinstance(value, str):
+        return str(value)
+    return _ENCODER.encode(value)
+
+
+def failure_content(code: ErrorCode, message: str) -> str:
+    """The model-visible text of a failure."""
+    return _FAILURE_CONTENT.get(code) or f"Error: {message}"
+
+
+@dataclass(frozen=True)
+class ToolResult(Generic[T]):
+    """The final outcome of one call (a frozen dataclass).
+
+    `ok` tells success from failure; `value` is the body's return value (success only, not
+    frozen); `content` the model-visible text; `error` a `ToolError` on failure; `contexts` what
+    the body deferred with `ctx.defer_context`; `dispatched` whether a body of this call started;
+    `duration` the seconds from entry to result. The registry sets `call`, `dispatched` and
+    `duration` on the final result whatever a hook or wrapper returned.
+
+    Hooks and wrappers build results with `ToolResult.success()` / `ToolResult.failure()`, or
+    derive one with `dataclasses.replace`.
+    """
+
+    call: ToolCall
+    ok: bool
+    content: str
+    value: T | None = None
+    error: ToolError | None = None
+    contexts: tuple[Any, ...] = ()
+    dispatched: bool = False
+    duration: float = 0.0
+
+    @classmethod
+    def success(cls, call: ToolCall, value: T, contexts: tuple[Any, ...] = ()) -> ToolResult[T]:
+        """A successful result; `content` is the value as text (a str as is, else JSON)."""
+        return cls(call, True, render_content(value), value, None, tuple(contexts))
+
+    @classmethod
+    def failure(
+        cls,
+        call: ToolCall,
+        code: ErrorCode | str,
+        message: str,
+        contexts: tuple[Any, ...] = (),
+        exception: BaseException | None = None,
+    ) -> ToolResult[Any]:
+        """A failed result with `error=ToolError(code, message)` and content `"Error: ..."`."""
+        code = ErrorCode(code)
+        content = failure_content(code, message)
+        return cls(call, False, content, None, ToolError(code, message, exception), tuple(contexts))
+
+    @property
+    def code(self) -> ErrorCode | None:
+        """The error code, or None on success."""
+        return None if self.error is None else self.error.code
+
+    def __repr__(self) -> str:
+        state = "ok" if self.ok else f"error code={self.code!s}"
+        return (
+            f"<ToolResult {state} name={self.call.name!r} call_id={self.call.call_id!r}"
+            f" dispatched={self.dispatched} duration={self.duration:.6f}>"
+        )
+
+
+def replace_result(result: ToolResult[Any], **changes: Any) -> ToolResult[Any]:
+    """`dataclasses.replace` (kept in one place so the hot path can be optimised later)."""
+    return dataclasses.replace(result, **changes)
