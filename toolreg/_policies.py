@@ -1,0 +1,142 @@
+"""Around-dispatch policies: `TimeoutPolicy` and `RetryPolicy`.
+
+Both are plain around wrappers (`registry.add_around(policy)`), and both keep the cancellation
+contract: they never abandon a body (every `proceed()` joins the body it starts), they never
+detach the caller (the registry re-fuses the caller's token before every body), and they never
+retry or reclassify a cancellation that is not theirs.
+
+Composition follows registration order (the first registered is the outermost)::
+
+    registry.add_around(RetryPolicy(attempts=3))
+    registry.add_around(TimeoutPolicy())     # inside the retry: each attempt has its own timeout
+
+    registry.add_around(TimeoutPolicy())
+    registry.add_around(RetryPolicy(attempts=3))  # inside the timeout: one budget for all tries
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ._cancel import CancelSource, deadline
+from ._hooks import Dispatch, Proceed
+from ._results import ErrorCode, ToolResult
+
+__all__ = ["RetryPolicy", "TimeoutPolicy"]
+
+_CANCELLATIONS = (ErrorCode.ABORTED, ErrorCode.ABORTED_BEFORE_DISPATCH)
+
+
+class TimeoutPolicy:
+    """Give each call of a tool with a `timeout` a deadline; report `TOOL_TIMEOUT` when it fires.
+
+    For a tool with `timeout` (or, with `default=`, any tool), it replaces `dispatch.token` with
+    `deadline(dispatch.token, timeout, code)`, calls `proceed()`, then always restores the
+    previous token and closes the deadline, so nothing stays registered on the caller's token
+    and a timer that fires after `proceed()` returned changes nothing.
+
+    The result becomes `TOOL_TIMEOUT` (content `"Error: tool call timed out after <t>s"`) only
+    when this deadline's own timer fired (`timed_out`) and the call was cancelled because of it:
+    a caller that cancelled first gets `ABORTED`, an outer deadline reads as plain cancellation,
+    and a failure the body reported itself stays. A body that ignores the deadline is still
+    joined: its `TOOL_TIMEOUT` comes back only once it has returned.
+    """
+
+    def __init__(self, code: str = "TOOL_TIMEOUT", *, default: float | None = None) -> None:
+        if not isinstance(code, str) or not code:
+            raise TypeError("code must be a non-empty str")
+        if default is not None and not (
+            isinstance(default, (int, float)) and math.isfinite(default) and default > 0
+        ):
+            raise ValueError(f"default must be positive, finite seconds, got {default!r}")
+        self.code = code
+        self.default = default
+
+    def __call__(self, dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        seconds = dispatch.tool.timeout if dispatch.tool.timeout is not None else self.default
+        if seconds is None:
+            return proceed()
+        previous = dispatch.token
+        budget = deadline(previous, seconds, self.code)
+        dispatch.token = budget.token
+        try:
+            result = proceed()
+        finally:
+            budget.close()  # disarm first: from here on the timer cannot fire
+            dispatch.token = previous
+        if budget.timed_out and result.code in _CANCELLATIONS:
+            message = f"tool call timed out after {format(seconds, 'g')}s"
+            return ToolResult.failure(
+                result.call, ErrorCode.TOOL_TIMEOUT, message, result.contexts
+            )
+        return result
+
+    def __repr__(self) -> str:
+        return f"TimeoutPolicy(code={self.code!r}, default={self.default!r})"
+
+
+Backoff = float | Callable[[int], float]
+
+
+class RetryPolicy:
+    """Re-run `proceed()` when the body raised one of `retry_on`.
+
+    `attempts` counts all tries. Between tries it waits `backoff * 2**(n-1)` seconds before retry
+    `n` (or `backoff(n)` if `backoff` is callable) on `dispatch.token` fused with the caller's
+    token, so a cancellation ends the wait at once, and it never retries once either token is
+    cancelled. Only `TOOL_ERROR` results whose exception is an instance of `retry_on` are
+    retried: never `ABORTED`, `ABORTED_BEFORE_DISPATCH`, `TOOL_TIMEOUT`, denials or hook errors.
+    The last attempt's result stands. Every attempt's body is joined before the next starts.
+    """
+
+    def __init__(
+        self,
+        attempts: int = 3,
+        backoff: Backoff = 0.1,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+    ) -> None:
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ValueError(f"attempts must be an int >= 1, got {attempts!r}")
+        if not callable(backoff) and not (
+            isinstance(backoff, (int, float)) and math.isfinite(backoff) and backoff >= 0
+        ):
+            raise ValueError(f"backoff must be seconds >= 0 or a callable, got {backoff!r}")
+        kinds: tuple[object, ...] = (retry_on,) if isinstance(retry_on, type) else tuple(retry_on)
+        if not all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in kinds):
+            raise TypeError("retry_on must be an exception type or a tuple of them")
+        self.attempts = attempts
+        self.backoff = backoff
+        self.retry_on: tuple[type[BaseException], ...] = kinds  # type: ignore[assignment]
+
+    def delay(self, retry: int) -> float:
+        """Seconds to wait before retry number `retry` (1 for the second attempt)."""
+        if callable(self.backoff):
+            return float(self.backoff(retry))
+        return float(self.backoff) * 2.0 ** (retry - 1)
+
+    def __call__(self, dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        attempt = 1
+        result = proceed()
+        while attempt < self.attempts and self._retryable(result):
+            with CancelSource(dispatch.token, dispatch.caller_token) as waiter:
+                if waiter.token.cancelled or waiter.token.wait(self.delay(attempt)):
+                    return result
+            attempt += 1
+            result = proceed()
+        return result
+
+    def _retryable(self, result: ToolResult[Any]) -> bool:
+        error = result.error
+        return (
+            error is not None
+            and error.code == ErrorCode.TOOL_ERROR
+            and isinstance(error.exception, self.retry_on)
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"RetryPolicy(attempts={self.attempts}, backoff={self.backoff!r}, "
+            f"retry_on={self.retry_on!r})"
+        )
