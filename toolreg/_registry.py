@@ -8,13 +8,14 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, overload
 
 import fastjsonschema
 
+from ._batch import BatchRun, Progress, check_batch, unstarted_call
 from ._body import INTERRUPTS
 from ._cancel import CancelSource, CancelToken, Registration
 from ._hooks import (
@@ -28,7 +29,7 @@ from ._hooks import (
     ResultObserver,
 )
 from ._pipeline import CallState, entry_failure
-from ._results import ErrorCode, ToolCall, ToolResult
+from ._results import ErrorCode, ToolCall, ToolResult, frozen_call
 from ._tools import (
     ConcurrencySafe,
     InvalidArguments,
@@ -63,15 +64,6 @@ class InFlightCall:
 class _Entry:
     tool: Tool
     validator: Validator | None
-
-
-def _frozen_call(name: str, arguments: Mapping[str, Any] | None, call_id: str) -> ToolCall:
-    """A ToolCall holding exactly `arguments` (None when they could not be materialized)."""
-    call = ToolCall.__new__(ToolCall)
-    object.__setattr__(call, "name", name)
-    object.__setattr__(call, "arguments", arguments)
-    object.__setattr__(call, "call_id", call_id)
-    return call
 
 
 class ToolRegistry:
@@ -115,14 +107,15 @@ class ToolRegistry:
         if overdue_after is not None and not (overdue_after > 0):
             raise ValueError("overdue_after must be positive seconds, or None to disable")
         self._overdue_after = overdue_after
-        # Guards _tools, _hooks, _hook_ids, _calls, _active, _closing, _closed. Tools and hooks
-        # are replaced copy-on-write, so calls read them without the lock.
+        # Guards _tools, _hooks, _hook_ids, _calls, _batches, _active, _closing, _closed. Tools
+        # and hooks are replaced copy-on-write, so calls read them without the lock.
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when _active drops to 0
         self._tools: dict[str, _Entry] = {}
         self._hooks = HookSet()
         self._hook_ids: dict[str, tuple[int, ...]] = {}
         self._calls: dict[int, CallState] = {}
+        self._batches: dict[int, CancelSource] = {}
         self._active = 0
         self._closing = False
         self._closed = False
@@ -391,9 +384,9 @@ class ToolRegistry:
         try:
             frozen = freeze_arguments(call.arguments)
         except InvalidArguments as exc:
-            bad = _frozen_call(call.name, None, call.call_id)
+            bad = frozen_call(call.name, None, call.call_id)
             return entry_failure(bad, ErrorCode.INVALID_ARGS, str(exc), started)
-        call = _frozen_call(call.name, frozen, call.call_id)
+        call = frozen_call(call.name, frozen, call.call_id)
         entry = self._tools.get(call.name) if isinstance(call.name, str) else None
         if entry is None:
             message = f"unknown tool {call.name!r}"
@@ -405,6 +398,80 @@ class ToolRegistry:
                 message = getattr(exc, "message", str(exc))
                 return entry_failure(call, ErrorCode.INVALID_ARGS, message, started)
         return call, entry.tool
+
+    def execute_batch(
+        self,
+        calls: Iterable[ToolCall],
+        *,
+        token: CancelToken | None = None,
+        max_parallel: int = 8,
+        on_progress: Progress | None = None,
+    ) -> list[ToolResult[Any]]:
+        """Run the calls of one agent step; one result per call, in input order.
+
+        Consecutive calls whose tool is `concurrency_safe` (exactly `True`, or a callable that
+        returns exactly `True` for the arguments) overlap, up to `max_parallel`; any other call
+        runs alone, as a barrier. Calls start in input order; each call's stages and body run
+        on one pool worker. Once `token` is cancelled no further call starts: each unstarted
+        call gets `ABORTED_BEFORE_DISPATCH` without entering any hook (observers still see it).
+        Returns only after every started call has settled. `on_progress(done, total)` is called
+        from this thread. A Ctrl-C cancels the batch, drains it, then re-raises. Raises
+        `ValueError` before anything starts for a non-`ToolCall` item, duplicate call ids or
+        `max_parallel < 1`.
+        """
+        batch = check_batch(calls, max_parallel)
+        caller = _as_token(token)
+        if on_progress is not None and not callable(on_progress):
+            raise TypeError("on_progress must be callable")
+        local = self._local
+        depth = getattr(local, "depth", 0)
+        self._enter(nested=depth > 0)
+        local.depth = depth + 1
+        source = CancelSource(caller)
+        key = id(source)
+        with self._lock:
+            self._batches[key] = source
+            closing = self._closing
+        if closing:
+            source.cancel("registry closed")
+        try:
+            run = BatchRun(self, batch, source, max_parallel, on_progress, inline=depth > 0)
+            return run.run()
+        finally:
+            source.close()
+            with self._lock:
+                del self._batches[key]
+            local.depth = depth
+            self._leave()
+
+    def _parallel_safe(self, call: ToolCall) -> bool:
+        """Whether a batch call may overlap others: only an exact True counts."""
+        entry = self._tools.get(call.name) if isinstance(call.name, str) else None
+        if entry is None:
+            return False
+        safe = entry.tool.concurrency_safe
+        if isinstance(safe, bool):
+            return safe
+        try:
+            arguments = freeze_arguments(call.arguments)
+            if entry.validator is not None:
+                entry.validator(arguments)
+            return safe(arguments) is True
+        except Exception:
+            logger.debug(
+                "toolreg: %s is exclusive: its classifier failed", call.call_id, exc_info=True
+            )
+            return False
+
+    def _unstarted(self, call: ToolCall, error: BaseException | None = None) -> ToolResult[Any]:
+        """The result of a batch call that never started (observers see it)."""
+        frozen = unstarted_call(call)
+        started = time.monotonic()
+        if error is None:
+            code, message = ErrorCode.ABORTED_BEFORE_DISPATCH, "tool call aborted before dispatch"
+        else:
+            code, message = ErrorCode.TOOL_ERROR, f"toolreg internal error: {error!r}"
+        return _notify(self._hooks.observers, entry_failure(frozen, code, message, started))
 
     def _run_body_here(self, tool: Tool, args: Any, ctx: ToolContext) -> Any:
         """The body, on whatever thread runs it, marked as inside this registry."""
@@ -460,10 +527,11 @@ class ToolRegistry:
         with self._lock:
             first = not self._closing
             self._closing = True
-            in_flight = list(self._calls.values())
+            sources = [state.source for state in self._calls.values()]
+            sources.extend(self._batches.values())
         if first:
-            for state in in_flight:  # later calls see _closing and cancel themselves
-                state.source.cancel("registry closed")
+            for source in sources:  # later calls see _closing and cancel themselves
+                source.cancel("registry closed")
         with self._lock:
             while self._active:
                 self._idle.wait()

@@ -86,6 +86,15 @@ class ToolCall:
         return f"ToolCall({self.name!r}, {self.arguments!r}, call_id={self.call_id!r})"
 
 
+def frozen_call(name: str, arguments: Mapping[str, Any] | None, call_id: str) -> ToolCall:
+    """A ToolCall holding exactly `arguments` (None when they could not be materialized)."""
+    call = ToolCall.__new__(ToolCall)
+    object.__setattr__(call, "name", name)
+    object.__setattr__(call, "arguments", arguments)
+    object.__setattr__(call, "call_id", call_id)
+    return call
+
+
 @dataclass(frozen=True)
 class ToolError:
     """What went wrong: an `ErrorCode`, a message, and the exception if one was raised."""
