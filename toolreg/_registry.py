@@ -18,6 +18,7 @@ import fastjsonschema
 from ._batch import BatchRun, Progress, check_batch, unstarted_call
 from ._body import INTERRUPTS
 from ._cancel import CancelSource, CancelToken, Registration
+from ._coro import CoroutineRunner
 from ._hooks import (
     Approver,
     AroundWrapper,
@@ -64,6 +65,7 @@ class InFlightCall:
 class _Entry:
     tool: Tool
     validator: Validator | None
+    is_async: bool  # an `async def` body: it runs on the registry's event loop thread
 
 
 class ToolRegistry:
@@ -120,6 +122,7 @@ class ToolRegistry:
         self._closing = False
         self._closed = False
         self._local = threading.local()  # .depth > 0 while this thread is inside one of our calls
+        self._coroutines = CoroutineRunner(thread_name_prefix)  # for `async def` bodies
 
     # -- tools -----------------------------------------------------------------------------------
 
@@ -127,7 +130,7 @@ class ToolRegistry:
         """Add a tool; `ValueError` for a duplicate name or an invalid schema."""
         if not isinstance(tool, Tool):
             raise TypeError(f"register() takes a Tool, got {type(tool).__name__}")
-        entry = _Entry(tool, compile_schema(tool))
+        entry = _Entry(tool, compile_schema(tool), inspect.iscoroutinefunction(tool.fn))
         with self._lock:
             if tool.name in self._tools:
                 raise ValueError(f"a tool named {tool.name!r} is already registered")
@@ -319,12 +322,14 @@ class ToolRegistry:
         inline: bool,
         started: float,
         nested: bool,
+        extra: CancelToken | None = None,
     ) -> ToolResult[Any]:
+        """Run one call; `extra` is a second token that cancels the call but not the caller."""
         self._enter(nested)
         local = self._local
         local.depth = getattr(local, "depth", 0) + 1
         try:
-            return self._run(call, caller, start_if_cancelled, inline, started)
+            return self._run(call, caller, start_if_cancelled, inline, started, extra)
         finally:
             local.depth -= 1
             self._leave()
@@ -336,13 +341,14 @@ class ToolRegistry:
         start_if_cancelled: bool,
         inline: bool,
         started: float,
+        extra: CancelToken | None,
     ) -> ToolResult[Any]:
         hooks = self._hooks  # the hooks present at entry serve the whole call
         admitted = self._admit(call, started)
         if isinstance(admitted, ToolResult):
             return _notify(hooks.observers, admitted)
         call, tool = admitted
-        if caller.cancelled and not start_if_cancelled:
+        if (caller.cancelled and not start_if_cancelled) or (extra is not None and extra.cancelled):
             aborted = entry_failure(
                 call,
                 ErrorCode.ABORTED_BEFORE_DISPATCH,
@@ -350,7 +356,7 @@ class ToolRegistry:
                 started,
             )
             return _notify(hooks.observers, aborted)
-        source = CancelSource(caller)
+        source = CancelSource(caller) if extra is None else CancelSource(caller, extra)
         state = CallState(self, call, tool, hooks, caller, source, started, inline)
         key = id(state)
         with self._lock:
@@ -478,7 +484,15 @@ class ToolRegistry:
         local = self._local
         local.depth = getattr(local, "depth", 0) + 1
         try:
-            return tool.fn(args, ctx)
+            fn = tool.fn
+            entry = self._tools.get(tool.name)
+            if entry is not None and entry.tool is tool:
+                is_async = entry.is_async
+            else:  # unregistered (or replaced) since the call's entry
+                is_async = inspect.iscoroutinefunction(fn)
+            if is_async:
+                return self._coroutines.run(lambda: fn(args, ctx), ctx.token)
+            return fn(args, ctx)
         finally:
             local.depth -= 1
 
@@ -537,6 +551,8 @@ class ToolRegistry:
                 self._idle.wait()
         if first and self._owns_executor:
             self._executor.shutdown(wait=True)
+        if first:
+            self._coroutines.close()
         with self._lock:
             self._closed = True
 

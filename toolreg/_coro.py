@@ -1,0 +1,114 @@
+"""`async def` tool bodies: run on one event loop thread the registry owns.
+
+The thread that dispatched the body (a pool worker, dedicated to it) blocks until the coroutine
+has finished: the registry joins async bodies like any other. Cancelling the body's token cancels
+its task; a `CancelledError` that ends the task because of that is reported as `Cancelled`, so the
+registry classifies it as `ABORTED`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from ._cancel import CancelToken, Cancelled
+
+
+class CoroutineRunner:
+    """A lazily started event loop on one daemon thread, closed by `close()`."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()  # guards _loop, _thread, _closed
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def run(self, make: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken) -> Any:
+        """Run the coroutine `make()` on the loop thread, block until it finished, return its value."""
+        loop = self._ensure_loop()
+        if threading.current_thread() is self._thread:
+            # A nested async body from an async body: the loop is busy running our caller.
+            return _run_in_fresh_loop(make, token)
+        settled = threading.Event()
+        outcome: list[Any] = []
+
+        async def body() -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            cancel = token.on_cancel(lambda: _cancel_soon(loop, task))
+            try:
+                outcome.append((True, await make()))
+            except asyncio.CancelledError:
+                outcome.append((False, Cancelled(token.reason)))
+            except BaseException as exc:
+                outcome.append((False, exc))
+            finally:
+                cancel.remove()
+                settled.set()
+
+        asyncio.run_coroutine_threadsafe(body(), loop)
+        settled.wait()
+        ok, value = outcome[0]
+        if ok:
+            return value
+        raise value
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the registry's event loop for async tool bodies is closed")
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=_serve, args=(loop,), name=f"{self._name}-async", daemon=True
+                )
+                self._loop, self._thread = loop, thread
+                thread.start()
+            return self._loop
+
+    def close(self) -> None:
+        """Stop the loop and join its thread (after every async body has settled)."""
+        with self._lock:
+            self._closed = True
+            loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    asyncio.set_event_loop(loop)
+    loop.run_forever()
+
+
+def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+    try:
+        loop.call_soon_threadsafe(task.cancel)
+    except RuntimeError:  # the loop is closing; the task is being torn down anyway
+        pass
+
+
+def _run_in_fresh_loop(make: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken) -> Any:
+    result: list[Any] = []
+
+    def target() -> None:
+        runner = CoroutineRunner("toolreg-nested")
+        try:
+            result.append((True, runner.run(make, token)))
+        except BaseException as exc:
+            result.append((False, exc))
+        finally:
+            runner.close()
+
+    thread = threading.Thread(target=target, name="toolreg-nested-async")
+    thread.start()
+    thread.join()
+    ok, value = result[0]
+    if ok:
+        return value
+    raise value
