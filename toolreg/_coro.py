@@ -9,11 +9,12 @@ registry classifies it as `ABORTED`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from ._cancel import CancelToken, Cancelled
+from ._cancel import Cancelled, CancelToken
 
 
 class CoroutineRunner:
@@ -27,7 +28,7 @@ class CoroutineRunner:
         self._closed = False
 
     def run(self, make: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken) -> Any:
-        """Run the coroutine `make()` on the loop thread, block until it finished, return its value."""
+        """Run `make()` on the loop thread; block until it finished; return its value."""
         loop = self._ensure_loop()
         if threading.current_thread() is self._thread:
             # A nested async body from an async body: the loop is busy running our caller.
@@ -87,10 +88,8 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
 
 
 def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
-    try:
+    with contextlib.suppress(RuntimeError):  # a closing loop tears its tasks down anyway
         loop.call_soon_threadsafe(task.cancel)
-    except RuntimeError:  # the loop is closing; the task is being torn down anyway
-        pass
 
 
 def _run_in_fresh_loop(make: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken) -> Any:

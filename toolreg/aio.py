@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import sys
 import threading
@@ -86,7 +87,8 @@ class AsyncToolRegistry:
             )
 
         try:
-            return await _run_on(registry._executor.submit, work, canceller)
+            result: ToolResult[Any] = await _run_on(registry._executor.submit, work, canceller)
+            return result
         finally:
             canceller.close()
 
@@ -118,7 +120,10 @@ class AsyncToolRegistry:
 
         # The scheduler waits for pool workers, so it must not occupy one itself.
         try:
-            return await _run_on(self._scheduler_pool().submit, work, canceller)
+            results: list[ToolResult[Any]] = await _run_on(
+                self._scheduler_pool().submit, work, canceller
+            )
+            return results
         finally:
             canceller.close()
 
@@ -166,10 +171,8 @@ async def _run_on(
             outcome = (True, work())
         except BaseException as exc:
             outcome = (False, exc)
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
             loop.call_soon_threadsafe(_settle, settled, outcome)
-        except RuntimeError:  # the loop was closed while the call ran: nobody is waiting
-            pass
 
     submit(run)
     try:
