@@ -301,6 +301,8 @@ class CallState:
     def _start_and_join(self, run: BodyRun) -> str | None:
         """Run the body inline or on the executor and join it; a problem message, or None."""
         self.stage = "body"
+        if run.settled:  # a canceller claimed it while we registered: it never starts
+            return None
         if self.inline:
             run.run()
             return None
