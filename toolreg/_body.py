@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -70,7 +69,6 @@ class BodyRun:
         self.value: Any = None
         self.error: BaseException | None = None
         self._overdue: Any = None  # the overdue-warning deadline, armed by a canceller
-        self.cancelled_at: float | None = None
 
     # -- the party that runs the body ----------------------------------------------------------
 
@@ -93,11 +91,15 @@ class BodyRun:
 
     def on_cancel(self) -> None:
         """Cancel callback: claim a body that has not started; else watch for an overdue one."""
-        self.cancelled_at = time.monotonic()
         if self._claim.acquire(blocking=False):
             self.settled = True
             self._done.release()
-        elif not self.settled and self._overdue_after is not None:
+        else:
+            self.watch_overdue()
+
+    def watch_overdue(self) -> None:
+        """Warn once if the body has not settled `overdue_after` seconds from now."""
+        if not self.settled and self._overdue_after is not None and self._overdue is None:
             watch = deadline(None, self._overdue_after)
             watch.token.on_cancel(self._warn_overdue)
             self._overdue = watch

@@ -190,6 +190,7 @@ class CancelToken:
     __slots__ = (
         "__weakref__",
         "_cancelled",
+        "_cancelled_at",
         "_children",
         "_closed",
         "_event",
@@ -207,6 +208,7 @@ class CancelToken:
     _lock: threading.Lock
     _cancelled: bool
     _reason: object
+    _cancelled_at: float  # time.monotonic() when cancelled; unset while live
     _timed_out: bool
     _closed: bool
     _listeners: dict[int, _Listener] | None  # on_cancel callbacks; None until the first one
@@ -326,6 +328,7 @@ class CancelToken:
                 return None
             self._reason = reason
             self._timed_out = from_timer
+            self._cancelled_at = time.monotonic()
             self._cancelled = True  # written last: a lock-free reader then also sees the reason
             listeners, self._listeners = self._listeners, None
             children, self._children = self._children, None

@@ -102,13 +102,28 @@ class Dispatch:
     the registry fuses the call's token with whatever `token` holds then.
     """
 
-    __slots__ = ("_call", "_caller_token", "_tool", "token")
+    __slots__ = ("_call", "_caller_token", "_token", "_tool")
 
     def __init__(self, call: ToolCall, tool: Tool, caller_token: CancelToken, token: CancelToken):
         self._call = call
         self._tool = tool
         self._caller_token = caller_token
-        self.token = token
+        self._token = token
+
+    @property
+    def token(self) -> CancelToken:
+        """The token downstream stages and the body observe (fused with the call's token)."""
+        return self._token
+
+    @token.setter
+    def token(self, token: CancelToken) -> None:
+        if not isinstance(token, CancelToken):
+            raise TypeError(f"dispatch.token must be a CancelToken, got {type(token).__name__}")
+        self._token = token
+
+    @token.deleter
+    def token(self) -> None:
+        raise AttributeError("dispatch.token cannot be deleted: assign a CancelToken instead")
 
     @property
     def call(self) -> ToolCall:
@@ -126,7 +141,7 @@ class Dispatch:
         return self._caller_token
 
     def __repr__(self) -> str:
-        return f"<Dispatch {self._call.name!r} token={self.token!r}>"
+        return f"<Dispatch {self._call.name!r} token={self._token!r}>"
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ class CallState:
         "call",
         "caller_token",
         "dispatched",
+        "finished",
         "hook_error",
         "hooks",
         "inline",
@@ -88,6 +89,7 @@ class CallState:
         self.started = started
         self.inline = inline  # run bodies on this thread (nested calls, batch, asyncio)
         self.dispatched = False
+        self.finished = False  # the wrapper chain returned: a kept proceed() starts nothing
         self.stage = "entry"
         self.interrupted: BaseException | None = None
         self.hook_error: ToolResult[Any] | None = None  # a registry-made HOOK_ERROR
@@ -125,9 +127,14 @@ class CallState:
         self.source.cancel(type(exc).__name__)
 
     def cancelled_at(self) -> float | None:
-        """When the running body's token was cancelled (monotonic seconds), if known."""
+        """When the call's token was cancelled (monotonic seconds), or None while live."""
+        token = self.token
+        return token._cancelled_at if token.cancelled else None
+
+    def body_started(self) -> bool:
+        """Whether a body of this call has started (it may still be running)."""
         run = self.body_run
-        return None if run is None else run.cancelled_at
+        return self.dispatched or (run is not None and run.started)
 
     def revoked(self) -> bool:
         """A token live at entry has been cancelled since (a recheck)."""
@@ -143,6 +150,7 @@ class CallState:
                 dispatch = Dispatch(self.call, self.tool, self.caller_token, self.token)
                 self.stage = "around"
                 result = self.proceed(0, dispatch)
+                self.finished = True
             else:
                 result = self._run_body(self.token)
         if self.hook_error is not None and result is self.hook_error:
@@ -241,6 +249,8 @@ class CallState:
         wrapper = wrappers[index]
 
         def proceed() -> ToolResult[Any]:
+            if self.finished:
+                return self.hook_failure("around wrapper", "called proceed() after the call ended")
             return self.proceed(index + 1, dispatch)
 
         try:
@@ -285,6 +295,8 @@ class CallState:
             # on_cancel runs run.on_cancel inline if the token is cancelled already: the body
             # is then claimed and never starts.
             registration = token.on_cancel(run.on_cancel)
+        else:
+            run.watch_overdue()  # pre-aborted: the body starts under a cancelled token
         try:
             refused = self._start_and_join(run)
         except INTERRUPTS as exc:  # between submit and join: the claim decides, then we join

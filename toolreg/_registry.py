@@ -327,7 +327,11 @@ class ToolRegistry:
         """Run one call; `extra` is a second token that cancels the call but not the caller."""
         self._enter(nested)
         local = self._local
-        local.depth = getattr(local, "depth", 0) + 1
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
+        # Already inside one of our calls on this thread (a body calling registry.execute):
+        # waiting for another worker could deadlock a busy pool, so the body runs here.
+        inline = inline or depth > 0
         try:
             return self._run(call, caller, start_if_cancelled, inline, started, extra)
         finally:
@@ -507,7 +511,7 @@ class ToolRegistry:
                 state.started,
                 state.token.cancelled,
                 state.cancelled_at(),
-                state.dispatched,
+                state.body_started(),
             )
             for state in states
         ]
