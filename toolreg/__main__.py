@@ -1,10 +1,44 @@
-"""`python -m toolreg demo`: a short live demonstration of the cancellation contract."""
+"""`python -m toolreg <command>`: `demo` (a short live demonstration) and `stats` (log figures)."""
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 
-from ._demo import main
+from . import _demo, _stats
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` (default: the command line), run the subcommand, return its exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m toolreg", description="toolreg: tool calls with quiescent cancellation"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = commands.add_parser(
+        "demo",
+        help="a short live demonstration of the cancellation contract",
+        description=_demo.__doc__.splitlines()[0] if _demo.__doc__ else None,
+    )
+    _demo.add_arguments(demo)
+    stats = commands.add_parser(
+        "stats",
+        help="per-tool figures from result logs",
+        description=_stats.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _stats.add_arguments(stats)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return _demo.run(args)
+    return _stats.run(args)
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `python -m toolreg demo | head`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 1
+    sys.exit(status)

@@ -99,8 +99,9 @@ class CallState:
     # -- results ---------------------------------------------------------------------------------
 
     def aborted(self, contexts: tuple[Any, ...] = ()) -> ToolResult[Any]:
-        code = _ABORTED if self.dispatched else _BEFORE
-        return ToolResult.failure(self.call, code, code.value, contexts)
+        if self.dispatched:
+            return ToolResult.failure(self.call, _ABORTED, "tool call aborted", contexts)
+        return ToolResult.failure(self.call, _BEFORE, "tool call aborted before dispatch", contexts)
 
     def hook_failure(
         self, what: str, problem: str, exc: BaseException | None = None

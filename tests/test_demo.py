@@ -1,0 +1,62 @@
+"""`python -m toolreg demo`, run the way the README and CI run it: a subprocess, exit 0."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+EXPECTED = {"ABORTED", "ABORTED_BEFORE_DISPATCH", "DENIED", "TOOL_TIMEOUT", "TOOL_ERROR"}
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "toolreg", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_demo_runs_and_shows_every_outcome(tmp_path: Path) -> None:
+    done = run("demo", "--log-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    for code in EXPECTED:
+        assert code in done.stdout
+    log = tmp_path / "calls.jsonl"
+    assert str(log) in done.stdout
+    stats = run("stats", "--json", str(log))
+    assert stats.returncode == 0, stats.stderr
+    document = json.loads(stats.stdout)
+    assert document["bad_lines"] == 0
+    assert set(document["total"]["codes"]) == EXPECTED
+    assert document["total"]["aborted_after_dispatch"] == 2
+    assert document["total"]["aborted_before_dispatch"] == 1
+
+
+def test_demo_json_is_one_document_with_the_story(tmp_path: Path) -> None:
+    done = run("demo", "--json", "--log-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert document["log"] == str(tmp_path / "calls.jsonl")
+    codes = {result["code"] for result in document["results"]}
+    assert codes == EXPECTED | {None}
+    steps = {step["call"]: step for step in document["steps"]}
+    crawl = steps["crawl (cancelled)"]
+    assert crawl["code"] == "ABORTED" and crawl["contexts"], "deferred context kept"
+    render = steps["render_video (cancelled)"]
+    assert render["code"] == "ABORTED" and render["body_finished_before_return"]
+    assert render["returned_at"] > render["cancelled_at"]
+    assert steps["crawl (caller gone)"]["dispatched"] is False
+    batch = document["batch"]
+    assert batch["mode"] in ("execute_batch", "one by one")
+    assert (batch["calls"], batch["codes"]) == (8, {"ok": 8})
+
+
+def test_help_lists_the_subcommands() -> None:
+    done = run("--help")
+    assert done.returncode == 0
+    assert "demo" in done.stdout and "stats" in done.stdout

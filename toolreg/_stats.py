@@ -1,0 +1,335 @@
+"""`python -m toolreg stats PATH...`: per-tool figures from `ResultLog` files."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import math
+import os
+import re
+import sys
+import zlib
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LogStats", "ToolStats", "add_arguments", "log_files", "read_logs", "run"]
+
+HELP = """\
+Per tool: calls, successes, each error code, p50/p95/max duration, and how many calls were
+cancelled after dispatch (ABORTED: a body had started) versus before it (ABORTED_BEFORE_DISPATCH).
+
+Each PATH is a result log written by toolreg.log.ResultLog. Its rotated siblings are read too:
+given calls.jsonl, also calls.jsonl.1, calls.jsonl.2.gz, ... (--no-rotated reads only the named
+files). A file named twice (say by a shell glob) is read once. Gzipped files are recognised by
+their content, whatever their name. Durations are seconds from entry to result, over all calls;
+percentiles use the nearest-rank method. Lines that are not a result record (bad JSON, a line cut
+short by a crash, a line still being written) are counted and listed, never fatal. Exit status:
+0, or 1 if a PATH could not be read."""
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_SHOWN_BAD_LINES = 10
+
+
+@dataclass
+class ToolStats:
+    """The figures of one tool."""
+
+    name: str
+    calls: int = 0
+    ok: int = 0
+    codes: Counter[str] = field(default_factory=Counter)
+    durations: list[float] = field(default_factory=list)
+
+    @property
+    def aborted_after_dispatch(self) -> int:
+        """Calls cancelled after their body started (`ABORTED`)."""
+        return self.codes["ABORTED"]
+
+    @property
+    def aborted_before_dispatch(self) -> int:
+        """Calls cancelled before any body started (`ABORTED_BEFORE_DISPATCH`)."""
+        return self.codes["ABORTED_BEFORE_DISPATCH"]
+
+    def add(self, ok: bool, code: str | None, duration: float | None) -> None:
+        self.calls += 1
+        if ok:
+            self.ok += 1
+        else:
+            self.codes[code or "UNKNOWN"] += 1
+        if duration is not None:
+            self.durations.append(duration)
+
+    def merge(self, other: ToolStats) -> None:
+        self.calls += other.calls
+        self.ok += other.ok
+        self.codes.update(other.codes)
+        self.durations.extend(other.durations)
+
+    def percentiles(self) -> dict[str, float | None]:
+        """`p50`, `p95` and `max` of the durations (None when there are none)."""
+        ordered = sorted(self.durations)
+        return {
+            "p50": _nearest_rank(ordered, 0.50),
+            "p95": _nearest_rank(ordered, 0.95),
+            "max": ordered[-1] if ordered else None,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "ok": self.ok,
+            "failed": self.calls - self.ok,
+            "codes": dict(sorted(self.codes.items())),
+            "aborted_after_dispatch": self.aborted_after_dispatch,
+            "aborted_before_dispatch": self.aborted_before_dispatch,
+            "duration": self.percentiles(),
+        }
+
+
+@dataclass
+class BadLine:
+    """A line that is not a result record, or a file that ended in the middle of a stream."""
+
+    path: str
+    line: int
+    reason: str
+
+
+@dataclass
+class LogStats:
+    """Everything `stats` found in a set of files."""
+
+    files: list[str] = field(default_factory=list)
+    records: int = 0
+    bad_lines: int = 0
+    bad: list[BadLine] = field(default_factory=list)  # the first few, for the report
+    unreadable: dict[str, str] = field(default_factory=dict)  # path -> why
+    tools: dict[str, ToolStats] = field(default_factory=dict)
+
+    def add_bad(self, path: str, line: int, reason: str) -> None:
+        self.bad_lines += 1
+        if len(self.bad) < _SHOWN_BAD_LINES:
+            self.bad.append(BadLine(path, line, reason))
+
+    def add_line(self, path: str, number: int, raw: bytes) -> None:
+        if not raw.endswith(b"\n"):
+            self.add_bad(path, number, "partial line (no newline at the end of the file)")
+            return
+        if not raw.strip():
+            return  # blank lines carry nothing
+        try:
+            record = json.loads(raw)
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            self.add_bad(path, number, f"not JSON ({exc})")
+            return
+        problem = _check_record(record)
+        if problem:
+            self.add_bad(path, number, problem)
+            return
+        name = record["name"]
+        key = name if isinstance(name, str) else json.dumps(name)
+        tool = self.tools.get(key)
+        if tool is None:
+            tool = self.tools[key] = ToolStats(key)
+        duration = record.get("duration")
+        usable = isinstance(duration, (int, float)) and not isinstance(duration, bool)
+        tool.add(record["ok"], record.get("code"), float(duration) if usable else None)
+        self.records += 1
+
+    def total(self) -> ToolStats:
+        """All tools together."""
+        total = ToolStats("(all)")
+        for tool in self.tools.values():
+            total.merge(tool)
+        return total
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "unreadable": self.unreadable,
+            "records": self.records,
+            "bad_lines": self.bad_lines,
+            "bad_line_examples": [
+                {"path": bad.path, "line": bad.line, "reason": bad.reason} for bad in self.bad
+            ],
+            "tools": {name: self.tools[name].to_json() for name in sorted(self.tools)},
+            "total": self.total().to_json(),
+        }
+
+    def format(self) -> str:
+        """A human-readable report."""
+        out = [f"{len(self.files)} file(s), {self.records} record(s), {self.bad_lines} bad line(s)"]
+        rows = [self.tools[name] for name in sorted(self.tools)]
+        if rows:
+            rows.append(self.total())
+            out.append("")
+            out.extend(_table(rows))
+            out.extend(_code_table(rows))
+        if self.bad:
+            out.append("")
+            out.append(f"bad lines (first {len(self.bad)} of {self.bad_lines}):")
+            out.extend(f"  {bad.path}:{bad.line}: {bad.reason}" for bad in self.bad)
+        for path, why in self.unreadable.items():
+            out.append(f"cannot read {path}: {why}")
+        return "\n".join(out)
+
+
+def _check_record(record: object) -> str | None:
+    if not isinstance(record, dict):
+        return f"not a result record (a JSON {type(record).__name__})"
+    missing = [key for key in ("name", "ok") if key not in record]
+    if missing:
+        return f"not a result record (no {', '.join(missing)})"
+    if not isinstance(record["ok"], bool):
+        return "not a result record ('ok' is not true or false)"
+    code = record.get("code")
+    if code is not None and not isinstance(code, str):
+        return "not a result record ('code' is not a string)"
+    return None
+
+
+def _nearest_rank(ordered: list[float], fraction: float) -> float | None:
+    if not ordered:
+        return None
+    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1.0:
+        return f"{value * 1000:.1f}ms"
+    return f"{value:.2f}s"
+
+
+def _table(rows: list[ToolStats]) -> list[str]:
+    head = ["tool", "calls", "ok", "failed", "aborted", "aborted before", "p50", "p95", "max"]
+    cells = [head, ["", "", "", "", "(dispatched)", "dispatch", "", "", ""]]
+    for tool in rows:
+        spread = tool.percentiles()
+        cells.append(
+            [
+                tool.name,
+                str(tool.calls),
+                str(tool.ok),
+                str(tool.calls - tool.ok),
+                str(tool.aborted_after_dispatch),
+                str(tool.aborted_before_dispatch),
+                _seconds(spread["p50"]),
+                _seconds(spread["p95"]),
+                _seconds(spread["max"]),
+            ]
+        )
+    return _aligned(cells)
+
+
+def _code_table(rows: list[ToolStats]) -> list[str]:
+    codes = sorted({code for tool in rows for code in tool.codes})
+    if not codes:
+        return []
+    cells = [["errors by code", *codes]]
+    cells.extend([tool.name, *(str(tool.codes[code]) for code in codes)] for tool in rows)
+    return ["", *_aligned(cells)]
+
+
+def _aligned(cells: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return [
+        "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in cells
+    ]
+
+
+# -- files -----------------------------------------------------------------------------------------
+
+
+def log_files(paths: Iterable[str], include_rotated: bool = True) -> list[str]:
+    """The files to read, oldest first: each path's rotated siblings, then the path.
+
+    Siblings of `p` are `p.<n>` and `p.<n>.gz` (what `ResultLog` rotates to), highest `n` (the
+    oldest) first. A file reached twice is listed once.
+    """
+    files: list[str] = []
+    seen: set[str] = set()
+    for path in paths:
+        group = [*(_rotated(path) if include_rotated else []), path]
+        for name in group:
+            key = os.path.realpath(name)
+            if key not in seen:
+                seen.add(key)
+                files.append(name)
+    return files
+
+
+def _rotated(path: str) -> list[str]:
+    directory, base = os.path.split(path)
+    pattern = re.compile(re.escape(base) + r"\.([0-9]+)(\.gz)?")
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return []
+    numbered = []
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match:
+            numbered.append((-int(match.group(1)), name))
+    return [os.path.join(directory, name) for _, name in sorted(numbered)]
+
+
+def read_logs(paths: Iterable[str], include_rotated: bool = True) -> LogStats:
+    """Read every file of `log_files(paths)` into one `LogStats`; bad lines are counted."""
+    stats = LogStats()
+    for path in log_files(paths, include_rotated):
+        try:
+            stream = _open(path)
+        except OSError as exc:
+            stats.unreadable[path] = exc.strerror or str(exc)
+            continue
+        stats.files.append(path)
+        with stream:
+            number = 0
+            try:
+                for number, raw in enumerate(stream, 1):
+                    stats.add_line(path, number, raw)
+            except (OSError, EOFError, zlib.error) as exc:
+                # A gzip cut short, or a read error: keep what was read, report where it ended.
+                stats.add_bad(path, number + 1, f"file ends unexpectedly ({exc})")
+    return stats
+
+
+def _open(path: str) -> io.BufferedIOBase:
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    if magic == _GZIP_MAGIC:
+        return gzip.open(path, "rb")
+    return open(path, "rb")  # the caller closes it
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `stats` subcommand's arguments."""
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="result log files")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--no-rotated", action="store_true", help="read only the named files, not their backups"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run `stats` with parsed arguments; the exit status."""
+    stats = read_logs(args.paths, include_rotated=not args.no_rotated)
+    if args.json:
+        json.dump(stats.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(stats.format())
+    return 1 if stats.unreadable else 0
