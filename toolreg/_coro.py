@@ -20,8 +20,9 @@ from ._cancel import Cancelled, CancelToken
 class CoroutineRunner:
     """A lazily started event loop on one daemon thread, closed by `close()`."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, local: threading.local) -> None:
         self._name = name
+        self._local = local  # the registry's: .depth counts the bodies running on our thread
         self._lock = threading.Lock()  # guards _loop, _thread, _closed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -36,10 +37,14 @@ class CoroutineRunner:
         settled = threading.Event()
         outcome: list[Any] = []
 
+        local = self._local
+
         async def body() -> None:
             task = asyncio.current_task()
             assert task is not None
-            cancel = token.on_cancel(lambda: _cancel_soon(loop, task))
+            # A pre-aborted body runs under a cancelled token to clean up: it is not cancelled.
+            cancel = None if token.cancelled else token.on_cancel(lambda: _cancel_soon(loop, task))
+            local.depth = getattr(local, "depth", 0) + 1  # this loop thread is inside a call now
             try:
                 outcome.append((True, await make()))
             except asyncio.CancelledError:
@@ -47,7 +52,9 @@ class CoroutineRunner:
             except BaseException as exc:
                 outcome.append((False, exc))
             finally:
-                cancel.remove()
+                local.depth -= 1
+                if cancel is not None:
+                    cancel.remove()
                 settled.set()
 
         asyncio.run_coroutine_threadsafe(body(), loop)
@@ -96,7 +103,7 @@ def _run_in_fresh_loop(make: Callable[[], Coroutine[Any, Any, Any]], token: Canc
     result: list[Any] = []
 
     def target() -> None:
-        runner = CoroutineRunner("toolreg-nested")
+        runner = CoroutineRunner("toolreg-nested", threading.local())
         try:
             result.append((True, runner.run(make, token)))
         except BaseException as exc:

@@ -122,7 +122,7 @@ class ToolRegistry:
         self._closing = False
         self._closed = False
         self._local = threading.local()  # .depth > 0 while this thread is inside one of our calls
-        self._coroutines = CoroutineRunner(thread_name_prefix)  # for `async def` bodies
+        self._coroutines = CoroutineRunner(thread_name_prefix, self._local)  # `async def` bodies
 
     # -- tools -----------------------------------------------------------------------------------
 
@@ -323,9 +323,15 @@ class ToolRegistry:
         started: float,
         nested: bool,
         extra: CancelToken | None = None,
+        entered: bool = False,
     ) -> ToolResult[Any]:
-        """Run one call; `extra` is a second token that cancels the call but not the caller."""
-        self._enter(nested)
+        """Run one call; `extra` is a second token that cancels the call but not the caller.
+
+        `entered`: the caller already counted the call in (the asyncio facade does that at
+        `areg.execute`, the call's entry); it is counted out here either way.
+        """
+        if not entered:
+            self._enter(nested)
         local = self._local
         depth = getattr(local, "depth", 0)
         local.depth = depth + 1
@@ -433,9 +439,19 @@ class ToolRegistry:
         caller = _as_token(token)
         if on_progress is not None and not callable(on_progress):
             raise TypeError("on_progress must be callable")
+        self._enter(nested=getattr(self._local, "depth", 0) > 0)
+        return self._execute_batch(batch, caller, max_parallel, on_progress)
+
+    def _execute_batch(
+        self,
+        batch: list[ToolCall],
+        caller: CancelToken,
+        max_parallel: int,
+        on_progress: Progress | None,
+    ) -> list[ToolResult[Any]]:
+        """Run a checked batch; the caller has already `_enter`ed, this `_leave`s."""
         local = self._local
         depth = getattr(local, "depth", 0)
-        self._enter(nested=depth > 0)
         local.depth = depth + 1
         source = CancelSource(caller)
         key = id(source)
@@ -518,6 +534,10 @@ class ToolRegistry:
         return sorted(snapshot, key=lambda entry: entry.started)
 
     # -- lifecycle -------------------------------------------------------------------------------
+
+    def _inside(self) -> bool:
+        """Whether this thread is inside one of this registry's calls (a hook, a body, ...)."""
+        return getattr(self._local, "depth", 0) > 0
 
     def _enter(self, nested: bool) -> None:
         with self._lock:

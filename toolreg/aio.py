@@ -8,8 +8,12 @@ comes back through `loop.call_soon_threadsafe`.
 
 Cancelling the awaiting task cancels the call's token (never the caller's), waits until the call
 has settled (its body joined, its observers notified), then raises `asyncio.CancelledError`.
-The facade never swallows or converts a cancellation, so `Task.cancelling()` and `uncancel()`
-stay balanced and `asyncio.timeout()` / `asyncio.wait_for()` around `execute` work. Under anyio
+The token is cancelled from the facade's helper thread, never from the loop, because cancelling
+runs every callback registered on the call's token. A call still queued for a worker when its
+task is cancelled is claimed back and never starts (`ABORTED_BEFORE_DISPATCH`, observers
+notified off the loop). The facade never swallows or converts a cancellation, so
+`Task.cancelling()` and `uncancel()` stay balanced and `asyncio.timeout()` /
+`asyncio.wait_for()` around `execute` work. Under anyio
 (Starlette, FastAPI, MCP servers), which re-delivers cancellation at every await in a cancelled
 scope, the wait for settlement runs inside a shielded anyio scope, so it sleeps instead of
 spinning while an uncooperative body drains.
@@ -25,23 +29,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
+import os
+import queue
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
-from ._batch import Progress
+from ._batch import Progress, check_batch
 from ._cancel import CancelSource, CancelToken
 from ._registry import ToolRegistry, _as_call, _as_token
 from ._results import ToolCall, ToolResult
 
 __all__ = ["AsyncToolRegistry"]
 
+logger = logging.getLogger("toolreg")
+
 
 class AsyncToolRegistry:
-    """Async access to a `ToolRegistry`: same arguments, same results, same guarantees."""
+    """Async access to a `ToolRegistry`: same arguments, same results, same guarantees.
+
+    A process-wide helper thread, started when `toolreg.aio` is imported, cancels calls and
+    starts pool threads, so the event loop never runs token callbacks or waits for a thread to
+    start. The facade owns a pool for batch schedulers (they wait for body workers, so they
+    must not occupy one). `aclose()` or `async with` closes the registry and that pool.
+    """
 
     def __init__(self, registry: ToolRegistry) -> None:
         if not isinstance(registry, ToolRegistry):
@@ -49,8 +64,7 @@ class AsyncToolRegistry:
                 f"AsyncToolRegistry wraps a ToolRegistry, got {type(registry).__name__}"
             )
         self._registry = registry
-        self._lock = threading.Lock()  # guards _schedulers
-        self._schedulers: ThreadPoolExecutor | None = None  # batch schedulers: off the body pool
+        self._schedulers = ThreadPoolExecutor(thread_name_prefix="toolreg-aio-batch")
 
     @property
     def registry(self) -> ToolRegistry:
@@ -70,7 +84,7 @@ class AsyncToolRegistry:
         call = _as_call(call_or_name, arguments)
         caller = _as_token(token)
         registry = self._registry
-        _check_open(registry)
+        registry._enter(nested=registry._inside())  # entry is now: close() waits for this call
         canceller = CancelSource()  # ours: cancels the call, never the caller's token
         context = contextvars.copy_context()
 
@@ -84,10 +98,18 @@ class AsyncToolRegistry:
                 started,
                 False,
                 canceller.token,
+                True,
             )
 
+        def never_started() -> ToolResult[Any]:
+            try:
+                return registry._unstarted(call)
+            finally:
+                registry._leave()
+
+        job = _Job(work, never_started)
         try:
-            result: ToolResult[Any] = await _run_on(registry._executor.submit, work, canceller)
+            result: ToolResult[Any] = await self._run(job, canceller, self._body_submit())
             return result
         finally:
             canceller.close()
@@ -102,36 +124,70 @@ class AsyncToolRegistry:
     ) -> list[ToolResult[Any]]:
         """`ToolRegistry.execute_batch`, awaited; cancelling the task cancels the batch."""
         registry = self._registry
-        _check_open(registry)
+        batch = check_batch(calls, max_parallel)
         caller = _as_token(token)
+        if on_progress is not None and not callable(on_progress):
+            raise TypeError("on_progress must be callable")
+        registry._enter(nested=registry._inside())
         canceller = CancelSource()
-        batch = list(calls)
         context = contextvars.copy_context()
 
         def work() -> list[ToolResult[Any]]:
             with CancelSource(caller, canceller.token) as turn:
                 return context.run(
-                    registry.execute_batch,
-                    batch,
-                    token=turn.token,
-                    max_parallel=max_parallel,
-                    on_progress=on_progress,
+                    registry._execute_batch, batch, turn.token, max_parallel, on_progress
                 )
 
-        # The scheduler waits for pool workers, so it must not occupy one itself.
+        def never_started() -> list[ToolResult[Any]]:
+            try:
+                return [registry._unstarted(call) for call in batch]
+            finally:
+                registry._leave()
+
+        job = _Job(work, never_started)
+        # The scheduler waits for body workers, so it runs on a pool of its own.
+        submit = self._via_helper(self._schedulers)
         try:
-            results: list[ToolResult[Any]] = await _run_on(
-                self._scheduler_pool().submit, work, canceller
-            )
+            results: list[ToolResult[Any]] = await self._run(job, canceller, submit)
             return results
         finally:
             canceller.close()
 
-    def _scheduler_pool(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._schedulers is None:
-                self._schedulers = ThreadPoolExecutor(thread_name_prefix="toolreg-aio-batch")
-            return self._schedulers
+    def _body_submit(self) -> Submit:
+        """Where a call's pipeline runs: a body worker, without starting threads on the loop."""
+        if self._registry._inside():
+            # Called from an async body, whose worker waits for it: use a pool it cannot block.
+            return self._via_helper(self._schedulers)
+        executor = self._registry._executor
+        threads = getattr(executor, "_threads", None)
+        if threads is not None and len(threads) >= getattr(executor, "_max_workers", 0):
+            return executor.submit  # every worker exists: submit() starts no thread
+        return self._via_helper(executor)
+
+    def _via_helper(self, executor: Executor) -> Submit:
+        def submit(fn: Callable[[], None]) -> object:
+            _HELPER.call_soon(lambda: executor.submit(fn))
+            return None
+
+        return submit
+
+    async def _run(self, job: _Job, canceller: CancelSource, submit: Submit) -> Any:
+        """Run `job` on a thread; on task cancellation cancel it off the loop, wait, re-raise."""
+        loop = asyncio.get_running_loop()
+        settled: asyncio.Future[tuple[bool, Any]] = loop.create_future()
+        job.deliver = lambda outcome: _deliver(loop, settled, outcome)
+        submit(job.run)
+        try:
+            ok, value = await asyncio.shield(settled)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            reason = f"asyncio task {task.get_name() if task else '?'} was cancelled"
+            job.cancel(canceller, reason)
+            await _wait_settled(settled)
+            raise  # the task's own cancellation, unconverted: cancelling()/uncancel() stay right
+        if ok:
+            return value
+        raise value
 
     async def aclose(self) -> None:
         """Close the registry (cancel, drain, shut down) without blocking the loop."""
@@ -139,10 +195,7 @@ class AsyncToolRegistry:
 
     def _close(self) -> None:
         self._registry.close()
-        with self._lock:
-            schedulers, self._schedulers = self._schedulers, None
-        if schedulers is not None:
-            schedulers.shutdown(wait=True)
+        self._schedulers.shutdown(wait=True)
 
     async def __aenter__(self) -> AsyncToolRegistry:
         return self
@@ -154,40 +207,52 @@ class AsyncToolRegistry:
         return f"<AsyncToolRegistry {self._registry!r}>"
 
 
-def _check_open(registry: ToolRegistry) -> None:
-    if registry._closing:
-        raise RuntimeError("this ToolRegistry is closed: create a new one to run calls")
+Submit = Callable[[Callable[[], None]], object]
 
 
-async def _run_on(
-    submit: Callable[[Callable[[], Any]], object], work: Callable[[], Any], canceller: CancelSource
-) -> Any:
-    """Run `work` on a thread; on task cancellation cancel it, wait for it, re-raise."""
-    loop = asyncio.get_running_loop()
-    settled: asyncio.Future[Any] = loop.create_future()
+class _Job:
+    """One awaited call or batch: claimed once, by the worker that runs it or by a canceller."""
 
-    def run() -> None:
+    def __init__(self, work: Callable[[], Any], never_started: Callable[[], Any]) -> None:
+        self._work = work
+        self._never_started = never_started  # the results if a canceller claims it first
+        self._claim = threading.Lock()
+        self.deliver: Callable[[tuple[bool, Any]], None] = lambda outcome: None
+
+    def run(self) -> None:
+        """On a worker: run the work unless a canceller claimed it; deliver its outcome."""
+        if self._claim.acquire(blocking=False):
+            self._finish(self._work)
+
+    def cancel(self, canceller: CancelSource, reason: str) -> None:
+        """On the loop: claim it if no worker took it yet (it never starts), else cancel it.
+
+        Both the unstarted results (observers) and the token's cancellation (its callbacks) are
+        user code, so they run on the helper thread; the claim itself is decided right here.
+        """
+        if self._claim.acquire(blocking=False):
+            _HELPER.call_soon(lambda: self._finish(self._never_started))
+        else:
+            _HELPER.call_soon(lambda: canceller.cancel(reason))
+
+    def _finish(self, produce: Callable[[], Any]) -> None:
         try:
-            outcome = (True, work())
+            outcome = (True, produce())
         except BaseException as exc:
             outcome = (False, exc)
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
-            loop.call_soon_threadsafe(_settle, settled, outcome)
-
-    submit(run)
-    try:
-        ok, value = await asyncio.shield(settled)
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        canceller.cancel(f"asyncio task {task.get_name() if task else '?'} was cancelled")
-        await _wait_settled(settled)
-        raise  # the task's own cancellation, unconverted: cancelling()/uncancel() stay right
-    if ok:
-        return value
-    raise value
+        self.deliver(outcome)
 
 
-def _settle(settled: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+def _deliver(
+    loop: asyncio.AbstractEventLoop,
+    settled: asyncio.Future[tuple[bool, Any]],
+    outcome: tuple[bool, Any],
+) -> None:
+    with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
+        loop.call_soon_threadsafe(_settle, settled, outcome)
+
+
+def _settle(settled: asyncio.Future[tuple[bool, Any]], outcome: tuple[bool, Any]) -> None:
     if not settled.done():
         settled.set_result(outcome)
 
@@ -206,3 +271,35 @@ async def _wait_settled(settled: asyncio.Future[Any]) -> None:
                 await asyncio.shield(settled)
         except asyncio.CancelledError:
             continue  # cancelled again (asyncio): keep waiting; the first one is re-raised
+
+
+class _Helper:
+    """The process-wide helper thread: runs small jobs handed over from event loops, in order.
+
+    A daemon started at import (imports happen before loops run), so no loop ever waits for it
+    to start; after `fork()` the child starts a new one on first use.
+    """
+
+    def __init__(self) -> None:
+        self._start()
+        os.register_at_fork(after_in_child=self._start)
+
+    def _start(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="toolreg-aio-helper", daemon=True)
+        self._thread.start()
+
+    def call_soon(self, job: Callable[[], object]) -> None:
+        """Run `job()` on the helper thread; never blocks."""
+        self._jobs.put(job)
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job()
+            except BaseException:  # the helper must survive anything a job does
+                logger.exception("toolreg: an asyncio facade job raised")
+
+
+_HELPER = _Helper()
