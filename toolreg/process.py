@@ -1,0 +1,674 @@
+"""Run a child process under a `CancelToken`, and leave nothing of it behind.
+
+`run` is `subprocess.run` for tool bodies that must stop when their call is cancelled::
+
+    from toolreg import CancelSource
+    from toolreg.process import run
+
+    source = CancelSource()
+    result = run(["git", "status", "--short"], token=source.token, timeout=30, text=True)
+    print(result.returncode, result.stdout)
+
+In a tool body, pass the call's token: ``run(["make", "test"], token=ctx.token, check=True)``.
+
+How one run ends (POSIX only; every step is load-bearing):
+
+1. The child starts in a new session, so it leads its own process group (pgid == pid) and all
+   it forks joins that group -- unless a descendant leaves on purpose (``setsid``, ``setpgid``,
+   shells with job control); such escapees are beyond reach.
+2. Nothing polls. The calling thread blocks in a selector over the child's pipes, a pidfd that
+   turns readable when the leader exits (Linux; it does not reap), and a wake-up pipe that the
+   token's ``on_cancel`` callback writes. Without pidfds a helper thread blocks in
+   ``waitid(WNOWAIT)`` instead and writes the wake-up pipe when the leader exits.
+3. When the leader exits, the token is cancelled or ``timeout`` expires, the group gets SIGTERM
+   (after a normal exit that only reaches leftovers). `run` waits at most ``grace`` seconds for
+   the leader to exit and the output pipes to close, then sends SIGKILL to the group -- always,
+   even if the leader is gone, since a grandchild may ignore SIGTERM (``trap '' TERM`` is
+   inherited across exec).
+4. Only after that last signal is the leader reaped. Until then its zombie holds its pid, which
+   is the group id, so no signal can reach an unrelated process that reused the number.
+5. Pipes still open `_DRAIN_AFTER_KILL` seconds after SIGKILL (held by an escapee) are closed,
+   so no straggler can block `run`. A helper thread, if any, is joined.
+
+Killed grandchildren are reparented and reaped by init (or the nearest subreaper), not by `run`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import os
+import re
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import IO, Any, AnyStr, Generic, Literal, TypeAlias, overload
+
+from ._cancel import CancelToken
+
+__all__ = ["ProcessError", "ProcessResult", "run", "scrubbed_env"]
+
+_logger = logging.getLogger("toolreg")
+
+_Path: TypeAlias = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+_Command: TypeAlias = _Path | Sequence[_Path]
+
+_READ_SIZE = 65536
+# After SIGKILL every group member dies within milliseconds; a pipe still open after this long
+# is held by a process outside the group, and waiting for it could take forever.
+_DRAIN_AFTER_KILL = 0.5
+_SECRET_NAME = re.compile("KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+# poll(2) needs no file descriptor of its own, unlike epoll: one fewer fd to leak or exhaust.
+_Selector: type[selectors.BaseSelector] = (
+    selectors.PollSelector if hasattr(selectors, "PollSelector") else selectors.SelectSelector
+)
+
+
+@dataclass(frozen=True, repr=False)
+class ProcessResult(Generic[AnyStr]):
+    """How a child run by `run` ended. `AnyStr` is `bytes`, or `str` with ``text=True``.
+
+    - ``returncode``: the exit status, ``-N`` if signal N killed the leader; None if no process
+      was started (the token was already cancelled).
+    - ``signal``: N when ``returncode == -N``, else None (a shell's ``128+N`` is a plain status).
+    - ``cancelled`` / ``timed_out``: `run` stopped the child because of the token or of
+      ``timeout``. Only the first cause is reported; both are False if the leader exited on its
+      own before `run` acted, even if a cancellation arrived meanwhile.
+    - ``stdout`` / ``stderr``: captured output, None with ``capture_output=False``.
+    - ``stdout_truncated`` / ``stderr_truncated``: output beyond ``max_output`` was dropped.
+    - ``duration``: seconds from the call to `run` until it returned (the child was reaped).
+    - ``pid``: the leader's pid, already reaped and possibly reused; None if never started.
+
+    Example::
+
+        result = run(["ls", "missing"], token=token)
+        if not result.ok:
+            print(result)       # <ProcessResult args=('ls', 'missing') returncode=2 ...>
+    """
+
+    args: _Command
+    returncode: int | None
+    signal: int | None
+    cancelled: bool
+    timed_out: bool
+    stdout: AnyStr | None
+    stderr: AnyStr | None
+    duration: float
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    pid: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True if the child exited with status 0 and was neither cancelled nor timed out."""
+        return self.returncode == 0 and not self.cancelled and not self.timed_out
+
+    def check_returncode(self) -> None:
+        """Raise `ProcessError` unless `ok` (what ``check=True`` does)."""
+        if not self.ok:
+            raise ProcessError(self)
+
+    def __repr__(self) -> str:
+        parts = [f"args={self.args!r}", f"returncode={self.returncode}"]
+        if self.signal is not None:
+            parts.append(f"signal={_signal_name(self.signal)}")
+        parts += [flag for flag in ("cancelled", "timed_out") if getattr(self, flag)]
+        for name in ("stdout", "stderr"):
+            output = getattr(self, name)
+            if output is not None:
+                cut = "+" if getattr(self, f"{name}_truncated") else ""
+                parts.append(f"{name}=<{len(output)}{cut} {type(output).__name__}>")
+        parts.append(f"duration={self.duration:.3f}")
+        return f"<ProcessResult {' '.join(parts)}>"
+
+
+class ProcessError(Exception):
+    """Raised by ``run(..., check=True)`` unless the result is `ok`; ``.result`` has it all.
+
+    Cancellation and timeout raise it too (with ``result.cancelled`` / ``result.timed_out``),
+    whatever status the child exited with.
+    """
+
+    def __init__(self, result: ProcessResult[Any]) -> None:
+        super().__init__(_describe(result))
+        self.result = result
+
+    def __reduce__(self) -> tuple[type[ProcessError], tuple[ProcessResult[Any]]]:
+        return type(self), (self.result,)
+
+
+def scrubbed_env() -> dict[str, str]:
+    """A copy of ``os.environ`` without the variables whose names look like secrets.
+
+    A name is dropped if it contains, in any case, KEY, SECRET, TOKEN, PASSWORD, PASSWD or
+    CREDENTIAL (``OPENAI_API_KEY``, ``github_token``, but also ``KEYBOARD``). `run` gives a
+    child this environment when ``env`` is None; extend it with
+    ``env={**scrubbed_env(), "LANG": "C"}``.
+    """
+    return {name: value for name, value in os.environ.items() if not _SECRET_NAME.search(name)}
+
+
+@overload
+def run(
+    args: _Command, *, token: CancelToken, timeout: float | None = None, grace: float = 2.0,
+    input: bytes | None = None, cwd: _Path | None = None, env: Mapping[str, str] | None = None,
+    capture_output: bool = True, text: Literal[False] = False, check: bool = False,
+    max_output: int | None = None,
+) -> ProcessResult[bytes]: ...
+
+
+@overload
+def run(
+    args: _Command, *, token: CancelToken, timeout: float | None = None, grace: float = 2.0,
+    input: str | None = None, cwd: _Path | None = None, env: Mapping[str, str] | None = None,
+    capture_output: bool = True, text: Literal[True], check: bool = False,
+    max_output: int | None = None,
+) -> ProcessResult[str]: ...
+
+
+@overload
+def run(
+    args: _Command, *, token: CancelToken, timeout: float | None = None, grace: float = 2.0,
+    input: bytes | str | None = None, cwd: _Path | None = None,
+    env: Mapping[str, str] | None = None, capture_output: bool = True, text: bool,
+    check: bool = False, max_output: int | None = None,
+) -> ProcessResult[Any]: ...
+
+
+def run(
+    args: _Command, *, token: CancelToken, timeout: float | None = None, grace: float = 2.0,
+    input: bytes | str | None = None, cwd: _Path | None = None,
+    env: Mapping[str, str] | None = None, capture_output: bool = True, text: bool = False,
+    check: bool = False, max_output: int | None = None,
+) -> ProcessResult[Any]:
+    """Run ``args`` to completion, or until ``token`` is cancelled or ``timeout`` expires.
+
+    Blocks the calling thread (any thread) and returns only once the child has exited and been
+    reaped and every pipe is closed. Thread-safe; calls run concurrently. Linux needs no helper
+    thread; elsewhere one per call is started and joined.
+
+    - Stopping: on cancellation or timeout the child's process group gets SIGTERM; `run` waits
+      until the leader exited and the output pipes closed, at most ``grace`` seconds (``0``:
+      not at all), then sends SIGKILL to the group -- even if the leader already exited. After
+      a normal exit the rest of the group gets the same treatment (usually nothing is left and
+      it costs nothing), so nothing the child started outlives the call. `run` can thus take
+      ``timeout + grace`` plus up to half a second of draining output after SIGKILL.
+    - Races: a leader that exits on its own before `run` acts wins (``cancelled`` and
+      ``timed_out`` stay False, ``check=True`` judges its status); between a cancellation and
+      the timeout, the earlier one is the cause.
+    - ``timeout``: seconds from this call, positive and finite; None waits forever.
+    - ``args``: a program and its arguments (a sequence is kept as a tuple in the result), or a
+      single program path; never a shell command line (no shell is involved).
+    - Already cancelled ``token``: no process is started, the executable is not even looked
+      up; the result has ``cancelled=True``, ``returncode=None`` and ``pid=None``. A token
+      cancelled while the child starts still gets a started (then stopped) child.
+    - ``input``: fed to the child's stdin, then stdin is closed; with None, stdin is
+      ``/dev/null`` (never this process's stdin). Output pipes are read concurrently, so no
+      amount of output deadlocks. ``max_output`` caps the bytes kept *per stream*; the rest is
+      still read (the child never blocks) and dropped, setting ``stdout_truncated`` /
+      ``stderr_truncated``. ``capture_output=False`` lets the child write to this process's
+      stdout and stderr (never do that in a stdio server).
+    - ``text=True``: ``input`` must be str (UTF-8 encoded) and output is decoded as UTF-8 with
+      invalid bytes replaced by U+FFFD (a cut can split a character), and newlines normalized
+      to ``\\n`` like subprocess's universal newlines. Otherwise bytes in, bytes out.
+    - ``env=None``: the child inherits ``os.environ`` minus every variable whose name contains
+      (any case) KEY, SECRET, TOKEN, PASSWORD, PASSWD or CREDENTIAL (see `scrubbed_env`). An
+      explicit ``env`` is used exactly as given, secrets included.
+    - ``check=True``: raise `ProcessError` (with ``.result``) unless the result is `ok`:
+      non-zero status, killed by a signal, cancelled (even before starting) or timed out.
+
+    Raises ``FileNotFoundError`` / ``PermissionError`` for a missing or non-executable program
+    or ``cwd`` before anything runs; ``TypeError`` / ``ValueError`` for bad arguments (``token``
+    must be a `CancelToken`; ``timeout`` positive and finite; ``grace`` zero or more);
+    ``NotImplementedError`` where the OS has no process groups or ``waitid`` (Windows, macOS).
+    A ``KeyboardInterrupt`` while waiting kills the group with SIGKILL, reaps, then propagates.
+    """
+    started = time.monotonic()
+    _check_platform()
+    command, stdin_data, seconds = _check_arguments(args, token, timeout, grace, input, text)
+    limit = _check_limit(max_output)
+    if token.cancelled:
+        result = _not_started(command, capture_output, text, started)
+    else:
+        spawn = _spawner(command, stdin_data, capture_output, cwd, env)
+        until = None if seconds is None else started + seconds
+        supervision = _Supervision(until, grace, stdin_data, limit)
+        _supervise(supervision, spawn, token)
+        result = _result_of(supervision, command, text, started)
+    if check:
+        result.check_returncode()
+    return result
+
+
+def _spawner(
+    command: _Command, stdin_data: bytes | None, capture_output: bool, cwd: _Path | None,
+    env: Mapping[str, str] | None,
+) -> Callable[[], subprocess.Popen[bytes]]:
+    output = subprocess.PIPE if capture_output else None
+    return lambda: subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
+        stdout=output,
+        stderr=output,
+        cwd=cwd,
+        env=scrubbed_env() if env is None else env,
+        bufsize=0,
+        start_new_session=True,  # its own session, so its own process group: pgid == pid
+    )
+
+
+def _supervise(
+    supervision: _Supervision, spawn: Callable[[], subprocess.Popen[bytes]], token: CancelToken
+) -> None:
+    try:
+        supervision.start(spawn)
+        supervision.supervise(token)
+    except BaseException:
+        supervision.abort()
+        raise
+    finally:
+        supervision.release()
+
+
+def _result_of(
+    supervision: _Supervision, command: _Command, text: bool, started: float
+) -> ProcessResult[Any]:
+    child = supervision.child
+    status = child.returncode
+    return _build(
+        text,
+        supervision.stdout.value() if child.stdout is not None else None,
+        supervision.stderr.value() if child.stderr is not None else None,
+        args=command,
+        returncode=status,
+        signal=-status if status is not None and status < 0 else None,
+        cancelled=supervision.cancelled,
+        timed_out=supervision.timed_out,
+        duration=time.monotonic() - started,
+        stdout_truncated=supervision.stdout.truncated,
+        stderr_truncated=supervision.stderr.truncated,
+        pid=child.pid,
+    )
+
+
+class _Capture:
+    """The bytes read from one output pipe, kept up to a limit; the rest is dropped."""
+
+    def __init__(self, limit: int | None) -> None:
+        self._chunks: list[bytes] = []
+        self._room = limit  # bytes we may still keep; None: no limit
+        self.truncated = False
+
+    def keep(self, data: bytes) -> None:
+        if self._room is not None:
+            if len(data) > self._room:
+                self.truncated = True
+                data = data[: self._room]
+            self._room -= len(data)
+        if data:
+            self._chunks.append(data)
+
+    def value(self) -> bytes:
+        return b"".join(self._chunks)
+
+
+class _Supervision:
+    """One child after its start: pump its pipes, stop it, sweep its group, reap it.
+
+    Driven by the calling thread. At most two other threads touch it: the watcher thread of the
+    no-pidfd fallback (sets `_exited`) and whichever thread cancels the token (sets
+    `_cancelled_at`). Each sets its flag, then writes the wake-up pipe; the driver reads flags
+    only between selects, so a flag set after a read still ends the next select at once. The
+    flags need no lock.
+    """
+
+    def __init__(
+        self, until: float | None, grace: float, stdin_data: bytes | None, limit: int | None
+    ) -> None:
+        self._child: subprocess.Popen[bytes] | None = None
+        self.cancelled = False
+        self.timed_out = False
+        self.stdout = _Capture(limit)
+        self.stderr = _Capture(limit)
+        self._until = until
+        self._grace = grace
+        self._stdin_data = memoryview(stdin_data or b"")
+        self._written = 0
+        self._readers: set[IO[bytes]] = set()  # output pipes not at EOF yet
+        self._exited = False
+        self._lost = False  # someone else reaped the leader: its pgid may name another group
+        self._cancelled_at: float | None = None
+        self._selector = _Selector()
+        self._pidfd = -1  # readable once the leader exited (Linux); else a watcher thread
+        self._watcher: threading.Thread | None = None
+        self._wake_r = -1
+        # Guards _wake_w: the watcher and canceller never write it after it was closed, when
+        # its number may already belong to an unrelated file.
+        self._wake_lock = threading.Lock()
+        self._wake_w: int | None = None
+
+    @property
+    def child(self) -> subprocess.Popen[bytes]:
+        assert self._child is not None, "start() first"
+        return self._child
+
+    def start(self, spawn: Callable[[], subprocess.Popen[bytes]]) -> None:
+        """Start the child; from the moment it exists, `abort` can kill and reap it."""
+        with _interrupts_held():
+            self._child = spawn()
+
+    def supervise(self, token: CancelToken) -> None:
+        """Run the child to its end and reap it; sets `cancelled` / `timed_out`."""
+        self._open_wake_pipe()
+        self._watch_pipes()
+        self._watch_exit()
+        with token.on_cancel(self._note_cancel):
+            self._wait_for_exit_or_stop()
+        self._close_stdin()
+        self._signal_group(signal.SIGTERM)
+        self._pump(self._finished, time.monotonic() + self._grace)
+        self._signal_group(signal.SIGKILL)
+        # Pipes still open after this are held outside the group; `release` closes them, and
+        # whatever that holder writes later is lost.
+        self._pump(self._finished, time.monotonic() + _DRAIN_AFTER_KILL)
+        self._pump(lambda: self._exited, None)  # it got SIGKILL: this cannot take long
+        if self._watcher is not None:
+            self._watcher.join()  # it set _exited as its last act
+        self.child.wait()
+
+    def abort(self) -> None:
+        """After an error or KeyboardInterrupt: kill the group and reap the leader, if any."""
+        if self._child is not None and self._child.returncode is None:
+            self._signal_group(signal.SIGKILL)
+            if self._watcher is not None:
+                # If the interrupt hit inside `start()`, join() raises; a watcher that begins
+                # later finds the leader reaped (ECHILD) and ends by itself.
+                with contextlib.suppress(RuntimeError):
+                    self._watcher.join()
+            self.child.wait()
+
+    def release(self) -> None:
+        """Close the pipes, the selector and the wake-up pipe. Idempotent."""
+        self._selector.close()
+        child = self._child
+        for pipe in (child.stdin, child.stdout, child.stderr) if child is not None else ():
+            if pipe is not None:
+                pipe.close()
+        with self._wake_lock:
+            wake_w, self._wake_w = self._wake_w, None
+        for fd in (self._wake_r, wake_w, self._pidfd):
+            if fd is not None and fd >= 0:
+                os.close(fd)
+        self._wake_r = self._pidfd = -1
+
+    def _wait_for_exit_or_stop(self) -> None:
+        self._pump(lambda: self._exited or self._cancelled_at is not None, self._until)
+        if self._exited:
+            return  # it ended on its own before we acted: its status is its own
+        cancelled_at = self._cancelled_at
+        # Both may have happened by now; the earlier one is the cause.
+        self.cancelled = cancelled_at is not None and (
+            self._until is None or cancelled_at <= self._until
+        )
+        self.timed_out = not self.cancelled
+
+    def _finished(self) -> bool:
+        return self._exited and not self._readers
+
+    def _pump(self, done: Callable[[], bool], until: float | None) -> bool:
+        """Serve the pipes until ``done()`` or monotonic time ``until``; return ``done()``."""
+        while not done():
+            wait = None if until is None else until - time.monotonic()
+            expired = wait is not None and wait <= 0
+            # Past the deadline, still take what is ready: this thread may have been descheduled
+            # past it with the output already waiting.
+            for key, _ in self._selector.select(0 if expired else wait):
+                key.data()
+            if expired:
+                return done()
+        return True
+
+    def _open_wake_pipe(self) -> None:
+        self._wake_r, wake_w = os.pipe()
+        with self._wake_lock:
+            self._wake_w = wake_w
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._drain_wake)
+
+    def _wake(self) -> None:
+        with self._wake_lock:
+            if self._wake_w is not None:
+                # A full pipe already holds plenty of wake-ups.
+                with contextlib.suppress(BlockingIOError):
+                    os.write(self._wake_w, b"\0")
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_r, 4096)
+
+    def _note_cancel(self) -> None:
+        self._cancelled_at = time.monotonic()
+        self._wake()
+
+    def _watch_exit(self) -> None:
+        # Both ways see the exit but leave the leader a zombie: its pid, which is the pgid,
+        # stays reserved until the driver reaps it after the last killpg. A pidfd needs no
+        # thread, so no Thread.start() that Ctrl-C could interrupt halfway.
+        try:
+            self._pidfd = os.pidfd_open(self.child.pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3, or a sandbox forbids it
+            self._watcher = threading.Thread(
+                target=self._wait_for_exit, name=f"toolreg-process-{self.child.pid}",
+                daemon=True,  # a leader stuck in the kernel must not block interpreter exit
+            )
+            self._watcher.start()
+        else:
+            self._selector.register(self._pidfd, selectors.EVENT_READ, self._note_exit)
+
+    def _note_exit(self) -> None:
+        self._exited = True
+        self._selector.unregister(self._pidfd)
+        try:
+            os.waitid(os.P_PID, self.child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            self._lost = True  # SIGCHLD ignored, or a waitpid(-1) elsewhere reaped it
+
+    def _wait_for_exit(self) -> None:
+        try:
+            os.waitid(os.P_PID, self.child.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            self._lost = True  # SIGCHLD ignored, or a waitpid(-1) elsewhere reaped it
+        finally:
+            self._exited = True
+            self._wake()
+
+    def _signal_group(self, signum: int) -> None:
+        if self._lost or self.child.returncode is not None:
+            return  # the group id may be reused by now: signalling it could hit a stranger
+        try:
+            os.killpg(self.child.pid, signum)
+        except ProcessLookupError:
+            pass
+        except PermissionError as error:  # e.g. a setuid member we may not signal
+            _logger.warning("toolreg: cannot signal process group %d: %s", self.child.pid, error)
+
+    def _watch_pipes(self) -> None:
+        stdin = self.child.stdin
+        if stdin is not None:
+            os.set_blocking(stdin.fileno(), False)
+            self._selector.register(stdin, selectors.EVENT_WRITE, self._write_stdin)
+        for pipe, capture in ((self.child.stdout, self.stdout), (self.child.stderr, self.stderr)):
+            if pipe is not None:
+                os.set_blocking(pipe.fileno(), False)
+                handler = functools.partial(self._read, pipe, capture)
+                self._selector.register(pipe, selectors.EVENT_READ, handler)
+                self._readers.add(pipe)
+
+    def _read(self, pipe: IO[bytes], capture: _Capture) -> None:
+        try:
+            data = os.read(pipe.fileno(), _READ_SIZE)
+        except BlockingIOError:
+            return
+        if data:
+            capture.keep(data)
+        else:
+            self._readers.discard(pipe)
+            self._selector.unregister(pipe)
+            pipe.close()
+
+    def _write_stdin(self) -> None:
+        stdin = self.child.stdin
+        assert stdin is not None
+        try:
+            self._written += os.write(stdin.fileno(), self._stdin_data[self._written :])
+        except BlockingIOError:
+            return
+        except BrokenPipeError:
+            self._written = len(self._stdin_data)  # the child stopped reading: drop the rest
+        if self._written >= len(self._stdin_data):
+            self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        stdin = self.child.stdin
+        if stdin is not None and not stdin.closed:
+            self._selector.unregister(stdin)
+            stdin.close()
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    # A KeyboardInterrupt between fork() and the moment we hold the Popen would lose the child:
+    # nobody would kill or reap it (Popen.__init__ only closes its pipes). Python raises it on
+    # the main thread only, so there, hold SIGINT back for that instant and deliver it after.
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):  # SIG_IGN, SIG_DFL or a handler installed outside Python
+        yield
+        return
+    held: list[tuple[int, FrameType | None]] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            previous(*held[0])
+
+
+def _check_platform() -> None:
+    if not all(hasattr(os, name) for name in ("killpg", "waitid", "WNOWAIT")):
+        raise NotImplementedError(
+            "toolreg.process.run needs POSIX process groups and os.waitid(WNOWAIT) (Linux, "
+            "FreeBSD...); without them a child's descendants cannot be stopped safely"
+        )
+
+
+def _check_arguments(
+    args: _Command, token: object, timeout: object, grace: object, input: object, text: bool,
+) -> tuple[_Command, bytes | None, float | None]:
+    if not isinstance(token, CancelToken):
+        hint = " (pass source.token)" if hasattr(token, "token") else ""
+        raise TypeError(f"token must be a toolreg CancelToken, got {type(token).__name__}{hint}")
+    seconds = None if timeout is None else _check_seconds("timeout", timeout, allow_zero=False)
+    _check_seconds("grace", grace, allow_zero=True)
+    return _check_command(args), _encode_input(input, text), seconds
+
+
+def _check_command(args: _Command) -> _Command:
+    if isinstance(args, (str, bytes, os.PathLike)):
+        return args
+    command = tuple(args)
+    if not command:
+        raise ValueError("args is empty: pass the program and its arguments, e.g. ['ls', '-l']")
+    return command
+
+
+def _check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        least = "zero or more" if allow_zero else "more than zero"
+        raise ValueError(f"{name} must be a finite number of seconds, {least}; got {value!r}")
+    return seconds
+
+
+def _check_limit(max_output: object) -> int | None:
+    if max_output is None:
+        return None
+    if isinstance(max_output, bool) or not isinstance(max_output, int):
+        raise TypeError(f"max_output must be an int (bytes), got {type(max_output).__name__}")
+    if max_output < 0:
+        raise ValueError(f"max_output must be zero or more bytes, got {max_output}")
+    return max_output
+
+
+def _encode_input(input: object, text: bool) -> bytes | None:
+    if input is None:
+        return None
+    if text:
+        if not isinstance(input, str):
+            raise TypeError(f"with text=True, input must be str, got {type(input).__name__}")
+        return input.encode()
+    if not isinstance(input, (bytes, bytearray, memoryview)):
+        hint = " (or pass text=True)" if isinstance(input, str) else ""
+        raise TypeError(f"input must be bytes, got {type(input).__name__}{hint}")
+    return bytes(input)
+
+
+def _not_started(
+    command: _Command, capture_output: bool, text: bool, started: float
+) -> ProcessResult[Any]:
+    empty = b"" if capture_output else None
+    return _build(
+        text, empty, empty, args=command, returncode=None, signal=None, cancelled=True,
+        timed_out=False, duration=time.monotonic() - started,
+    )
+
+
+def _build(
+    text: bool, stdout: bytes | None, stderr: bytes | None, **fields: Any
+) -> ProcessResult[Any]:
+    if text:
+        return ProcessResult(stdout=_decode(stdout), stderr=_decode(stderr), **fields)
+    return ProcessResult(stdout=stdout, stderr=stderr, **fields)
+
+
+def _decode(data: bytes | None) -> str | None:
+    # UTF-8 whatever the locale; a cut stream or a stray byte must not raise after the child
+    # ran. Newlines as in subprocess's text mode.
+    if data is None:
+        return None
+    return data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _describe(result: ProcessResult[Any]) -> str:
+    args = result.args
+    program = args if isinstance(args, (str, bytes, os.PathLike)) else args[0]
+    what = f"{os.fsdecode(program)!r}"
+    if result.returncode is None:
+        return f"{what} was not started: the token was already cancelled"
+    if result.timed_out:
+        what += " timed out and"
+    elif result.cancelled:
+        what += " was cancelled and"
+    if result.signal is not None:
+        return f"{what} was killed by {_signal_name(result.signal)}"
+    return f"{what} exited with status {result.returncode}"
