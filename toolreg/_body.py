@@ -27,6 +27,8 @@ from ._cancel import CancelToken, Registration, deadline
 logger = logging.getLogger("toolreg")
 
 INTERRUPTS = (KeyboardInterrupt, SystemExit)
+_MAIN_THREAD = threading.main_thread()
+_MAIN_THREAD_SLICE = 0.1  # seconds; bounds how late a Ctrl-C can be noticed while joining
 
 
 class BodyRun:
@@ -42,6 +44,7 @@ class BodyRun:
         "cancelled_at",
         "check",
         "error",
+        "live_on_return",
         "settled",
         "started",
         "token",
@@ -66,6 +69,7 @@ class BodyRun:
         self._done.acquire()
         self.started = False
         self.settled = False
+        self.live_on_return = False  # the token was live when the body returned (worker's view)
         self.value: Any = None
         self.error: BaseException | None = None
         self._overdue: Any = None  # the overdue-warning deadline, armed by a canceller
@@ -81,6 +85,9 @@ class BodyRun:
                 self.started = True
                 try:
                     self.value = self._target()
+                    # Read here, not after the join: a deadline firing while the caller wakes
+                    # up must not turn an on-time success into a cancellation.
+                    self.live_on_return = not self.token.cancelled
                 except BaseException as exc:  # recorded for the caller; the worker lives on
                     self.error = exc
         finally:
@@ -136,10 +143,17 @@ class BodyRun:
         self.join(interrupt)
 
     def join(self, interrupt: Callable[[BaseException], None]) -> None:
-        """Wait until the body settled or was claimed by a canceller; Ctrl-C-safe."""
+        """Wait until the body settled or was claimed by a canceller; Ctrl-C-safe.
+
+        The main thread waits in slices: a SIGINT that lands between releasing the GIL and
+        blocking in `acquire()` is only handled when the wait returns, so an unbounded wait
+        could sit on a Ctrl-C until the body finished on its own.
+        """
+        slice_ = _MAIN_THREAD_SLICE if threading.current_thread() is _MAIN_THREAD else -1
         while True:
             try:
-                self._done.acquire()
+                if not self._done.acquire(timeout=slice_):
+                    continue
             except INTERRUPTS as exc:
                 interrupt(exc)
                 self._claim_after_interrupt()

@@ -96,18 +96,20 @@ class ResultObserver(Protocol):
 class Dispatch:
     """What an around wrapper sees of one call.
 
-    `call`, `tool` and `caller_token` are read-only. `token` is the token everything downstream
-    observes; a wrapper may replace it (say with a deadline derived from it) and should restore
-    it afterwards. Replacing it can never detach the caller: immediately before the body starts,
+    `call`, `tool`, `caller_token` and `call_token` (the call's own token: the caller's, plus
+    `close()` and Ctrl-C) are read-only. `token` is the token everything downstream observes; a
+    wrapper may replace it (say with a deadline derived from it) and should restore it
+    afterwards. Replacing it can never detach the caller: immediately before the body starts,
     the registry fuses the call's token with whatever `token` holds then.
     """
 
-    __slots__ = ("_call", "_caller_token", "_token", "_tool")
+    __slots__ = ("_call", "_call_token", "_caller_token", "_token", "_tool")
 
     def __init__(self, call: ToolCall, tool: Tool, caller_token: CancelToken, token: CancelToken):
         self._call = call
         self._tool = tool
         self._caller_token = caller_token
+        self._call_token = token
         self._token = token
 
     @property
@@ -139,6 +141,11 @@ class Dispatch:
     def caller_token(self) -> CancelToken:
         """The caller's token, captured at entry."""
         return self._caller_token
+
+    @property
+    def call_token(self) -> CancelToken:
+        """The call's own token: cancelled with the caller's, by `close()` and by Ctrl-C."""
+        return self._call_token
 
     def __repr__(self) -> str:
         return f"<Dispatch {self._call.name!r} token={self._token!r}>"

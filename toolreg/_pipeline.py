@@ -334,16 +334,16 @@ class CallState:
         self.stage = "after_body"
         error = run.error
         if error is None:
-            return self._success(run.value, token, contexts)
+            return self._success(run.value, run.live_on_return, contexts)
         if isinstance(error, Cancelled) and token.cancelled:
             return self.aborted(contexts)
         message = f"{type(error).__name__}: {error}"
         return ToolResult.failure(self.call, ErrorCode.TOOL_ERROR, message, contexts, error)
 
-    def _success(
-        self, value: Any, token: CancelToken, contexts: tuple[Any, ...]
-    ) -> ToolResult[Any]:
-        if self.live_at_entry and token.cancelled:
+    def _success(self, value: Any, live: bool, contexts: tuple[Any, ...]) -> ToolResult[Any]:
+        # `live`: the body's token as the body's thread saw it on return. A caller that
+        # cancelled after that is still caught by the recheck after the wrappers.
+        if self.live_at_entry and not live:
             return self.aborted(contexts)
         try:
             content = render_content(value, self.tool.render)

@@ -17,6 +17,7 @@ Composition follows registration order (the first registered is the outermost)::
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -47,10 +48,11 @@ class TimeoutPolicy:
     def __init__(self, code: str = "TOOL_TIMEOUT", *, default: float | None = None) -> None:
         if not isinstance(code, str) or not code:
             raise TypeError("code must be a non-empty str")
-        if default is not None and not (
-            isinstance(default, (int, float)) and math.isfinite(default) and default > 0
-        ):
-            raise ValueError(f"default must be positive, finite seconds, got {default!r}")
+        if default is not None:
+            if not _is_number(default):
+                raise TypeError(f"default must be seconds (int or float), got {default!r}")
+            if not (math.isfinite(default) and default > 0):
+                raise ValueError(f"default must be positive, finite seconds, got {default!r}")
         self.code = code
         self.default = default
 
@@ -68,9 +70,7 @@ class TimeoutPolicy:
             dispatch.token = previous
         if budget.timed_out and result.code in _CANCELLATIONS:
             message = f"tool call timed out after {format(seconds, 'g')}s"
-            return ToolResult.failure(
-                result.call, ErrorCode.TOOL_TIMEOUT, message, result.contexts
-            )
+            return ToolResult.failure(result.call, ErrorCode.TOOL_TIMEOUT, message, result.contexts)
         return result
 
     def __repr__(self) -> str:
@@ -80,15 +80,20 @@ class TimeoutPolicy:
 Backoff = float | Callable[[int], float]
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class RetryPolicy:
     """Re-run `proceed()` when the body raised one of `retry_on`.
 
     `attempts` counts all tries. Between tries it waits `backoff * 2**(n-1)` seconds before retry
-    `n` (or `backoff(n)` if `backoff` is callable) on `dispatch.token` fused with the caller's
-    token, so a cancellation ends the wait at once, and it never retries once either token is
-    cancelled. Only `TOOL_ERROR` results whose exception is an instance of `retry_on` are
-    retried: never `ABORTED`, `ABORTED_BEFORE_DISPATCH`, `TOOL_TIMEOUT`, denials or hook errors.
-    The last attempt's result stands. Every attempt's body is joined before the next starts.
+    `n` (or `backoff(n)` if `backoff` is callable) on `dispatch.token` fused with the call's
+    token (the caller's, plus `close()` and Ctrl-C), so a cancellation ends the wait at once,
+    and it never retries once either is cancelled. Only `TOOL_ERROR` results whose exception is
+    an instance of `retry_on` are retried: never `ABORTED`, `ABORTED_BEFORE_DISPATCH`,
+    `TOOL_TIMEOUT`, denials or hook errors. The last attempt's result stands. Every attempt's
+    body is joined before the next starts.
     """
 
     def __init__(
@@ -99,10 +104,11 @@ class RetryPolicy:
     ) -> None:
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise ValueError(f"attempts must be an int >= 1, got {attempts!r}")
-        if not callable(backoff) and not (
-            isinstance(backoff, (int, float)) and math.isfinite(backoff) and backoff >= 0
-        ):
-            raise ValueError(f"backoff must be seconds >= 0 or a callable, got {backoff!r}")
+        if not callable(backoff):
+            if not _is_number(backoff):
+                raise TypeError(f"backoff must be seconds or a callable, got {backoff!r}")
+            if not (math.isfinite(backoff) and backoff >= 0):
+                raise ValueError(f"backoff must be finite seconds >= 0, got {backoff!r}")
         kinds: tuple[object, ...] = (retry_on,) if isinstance(retry_on, type) else tuple(retry_on)
         if not all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in kinds):
             raise TypeError("retry_on must be an exception type or a tuple of them")
@@ -111,16 +117,25 @@ class RetryPolicy:
         self.retry_on: tuple[type[BaseException], ...] = kinds  # type: ignore[assignment]
 
     def delay(self, retry: int) -> float:
-        """Seconds to wait before retry number `retry` (1 for the second attempt)."""
+        """Seconds to wait before retry number `retry` (1 for the second attempt).
+
+        Capped at `threading.TIMEOUT_MAX`; a callable returning a negative number or NaN raises
+        `ValueError` (the call then fails as a `HOOK_ERROR`).
+        """
         if callable(self.backoff):
-            return float(self.backoff(retry))
-        return float(self.backoff) * 2.0 ** (retry - 1)
+            seconds = self.backoff(retry)
+            if not _is_number(seconds) or math.isnan(seconds) or seconds < 0:
+                raise ValueError(f"backoff({retry}) returned {seconds!r}, not seconds >= 0")
+        else:
+            seconds = float(self.backoff) * 2.0 ** min(retry - 1, 1023)
+        return min(float(seconds), threading.TIMEOUT_MAX)
 
     def __call__(self, dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
         attempt = 1
         result = proceed()
         while attempt < self.attempts and self._retryable(result):
-            with CancelSource(dispatch.token, dispatch.caller_token) as waiter:
+            # The call's token, not just the caller's: close() and Ctrl-C end the wait too.
+            with CancelSource(dispatch.token, dispatch.call_token) as waiter:
                 if waiter.token.cancelled or waiter.token.wait(self.delay(attempt)):
                     return result
             attempt += 1
