@@ -43,8 +43,8 @@ from ._tools import ToolContext as ToolContext
 __all__ = [
     "Allow",
     "Approver",
-    "Ask",
     "AroundWrapper",
+    "Ask",
     "CancelSource",
     "CancelToken",
     "Cancelled",

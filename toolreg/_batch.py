@@ -16,6 +16,7 @@ tokens and joined: `execute_batch` returns only after every started call has set
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -23,8 +24,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._body import INTERRUPTS
+from ._body import INTERRUPTS, MAIN_THREAD_SLICE
 from ._cancel import CancelSource
+from ._interrupts import SigintRequest
 from ._results import ToolCall, ToolResult, frozen_call
 from ._tools import InvalidArguments, freeze_arguments
 
@@ -34,7 +36,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("toolreg")
 
 Progress = Callable[[int, int], object]
-_WAKE = -1  # put on the completion queue by the batch token's cancel callback
 
 
 def check_batch(calls: Iterable[ToolCall], max_parallel: int) -> list[ToolCall]:
@@ -55,13 +56,18 @@ def check_batch(calls: Iterable[ToolCall], max_parallel: int) -> list[ToolCall]:
 
 
 class _Job:
-    """One batch call handed to the pool; claimed once, by its worker or by the scheduler."""
+    """One batch call handed to the pool; claimed once, by its worker or by the scheduler.
 
-    __slots__ = ("claim", "index")
+    Completion lives here (`finished`), not on the wake-up queue, so a Ctrl-C that lands while
+    the scheduler takes a wake-up off the queue loses nothing.
+    """
+
+    __slots__ = ("claim", "finished", "index")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.claim = threading.Lock()
+        self.finished = False  # set by the worker after the call's result is recorded
 
 
 class BatchRun:
@@ -75,6 +81,7 @@ class BatchRun:
         max_parallel: int,
         on_progress: Progress | None,
         inline: bool,
+        ctrl_c: SigintRequest | None = None,
     ) -> None:
         self.registry = registry
         self.calls = calls
@@ -85,18 +92,33 @@ class BatchRun:
         self.inline = inline  # already on one of our threads: run the calls here, one by one
         self.results: list[ToolResult[Any] | None] = [None] * len(calls)
         self.parallel = [registry._parallel_safe(call) for call in calls]
-        self.completions: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self.queued: dict[int, _Job] = {}  # handed to the pool, not known to have finished
+        self.wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()  # a job finished, or cancel
+        self.queued: dict[int, _Job] = {}  # handed to the pool, not yet seen finished
         self.running_exclusive = False
         self.done = 0
         self.interrupted: BaseException | None = None
+        self.ctrl_c = ctrl_c  # a deferred Ctrl-C press: cancel, drain, and let the caller raise
+        if ctrl_c is not None:
+            ctrl_c.wake = lambda: self.wakeups.put(None)  # SimpleQueue.put is reentrant
 
     def run(self) -> list[ToolResult[Any]]:
-        """Start calls in order until all started or the batch is cancelled; join; return."""
-        wake = self.token.on_cancel(lambda: self.completions.put(_WAKE))
+        """Start calls in order until all started or the batch is cancelled; join; return.
+
+        A Ctrl-C (or a hook's SystemExit on a worker) anywhere in here cancels the batch; the
+        batch is still drained and every unstarted call still observed before it is re-raised.
+        """
+        wake = self.token.on_cancel(lambda: self.wakeups.put(None))
         try:
-            self._schedule()
-            self._drain()
+            try:
+                self._schedule()
+            except INTERRUPTS as exc:
+                self._interrupt(exc)
+            while True:
+                try:
+                    self._drain()
+                    break
+                except INTERRUPTS as exc:  # landed between the guarded spots of _drain
+                    self._interrupt(exc)
         finally:
             wake.remove()
         self._finish_unstarted()
@@ -112,7 +134,9 @@ class BatchRun:
                 len(self.queued) >= limit
                 or (self.queued and (self.running_exclusive or not parallel))
             ):
-                self._wait_one()
+                self._wait()
+            if self.ctrl_c is not None and self.ctrl_c.pressed:
+                self.source.cancel("KeyboardInterrupt")
             if self.token.cancelled:
                 return
             self._start(index, parallel)
@@ -123,11 +147,10 @@ class BatchRun:
         self.queued[index] = job
         if self.inline:
             self._run_job(job)
+            self._collect()
             return
         try:
             self.registry._executor.submit(self._run_job, job)
-        except INTERRUPTS as exc:  # the claim decides whether it was queued
-            self._interrupt(exc)
         except RuntimeError:  # executor shut down under us: this call never starts
             if job.claim.acquire(blocking=False):
                 del self.queued[index]
@@ -138,34 +161,54 @@ class BatchRun:
         """On a pool worker: the whole pipeline of one call, body inline."""
         if not job.claim.acquire(blocking=False):
             return  # the scheduler took it back after cancellation
+        call = self.calls[job.index]
         try:
-            call = self.calls[job.index]
-            self.results[job.index] = self.registry._execute(
-                call, self.token, False, True, time.monotonic(), nested=True
-            )
-        except BaseException as exc:  # never lose a result: record it as the call's failure
-            logger.exception("toolreg: batch call %s raised", self.calls[job.index].call_id)
-            self.results[job.index] = self.registry._unstarted(self.calls[job.index], exc)
+            if self.token.cancelled:  # cancelled while queued: unstarted, like a reclaimed job
+                self.results[job.index] = self.registry._unstarted(
+                    call, on_interrupt=self._interrupt
+                )
+            else:
+                self.results[job.index] = self.registry._execute(
+                    call,
+                    self.token,
+                    False,
+                    True,
+                    time.monotonic(),
+                    nested=True,
+                    on_interrupt=self._interrupt,
+                )
+        except BaseException as exc:  # a toolreg bug: never lose the call's result
+            logger.exception("toolreg: batch call %s raised", call.call_id)
+            if self.results[job.index] is None:
+                self.results[job.index] = self.registry._unstarted(call, exc)
         finally:
-            self.completions.put(job.index)
+            job.finished = True
+            self.wakeups.put(None)
 
-    def _wait_one(self) -> None:
+    def _wait(self) -> None:
+        """Block until a job finished or the batch was cancelled; then catch up."""
+        if self.ctrl_c is not None and self.ctrl_c.pressed and not self.token.cancelled:
+            self.source.cancel("KeyboardInterrupt")
         try:
-            index = self.completions.get()
+            if not self._collect():
+                # The main thread waits in slices, so a Ctrl-C is noticed within one.
+                with contextlib.suppress(queue.Empty):
+                    self.wakeups.get(timeout=_wait_slice())
         except INTERRUPTS as exc:
             self._interrupt(exc)
-            return
-        if index == _WAKE:
+        if self.token.cancelled:
             self._reclaim_queued()
-            return
-        self._completed(index)
+        self._collect()
 
-    def _completed(self, index: int) -> None:
-        if self.queued.pop(index, None) is None:
-            return
-        if not self.parallel[index] or not self.queued:
-            self.running_exclusive = False
-        self._progress()
+    def _collect(self) -> bool:
+        """Retire every finished job; True if any was."""
+        finished = [index for index, job in self.queued.items() if job.finished]
+        for index in finished:
+            del self.queued[index]
+            if not self.parallel[index] or not self.queued:
+                self.running_exclusive = False
+            self._progress()
+        return bool(finished)
 
     def _reclaim_queued(self) -> None:
         """After cancellation: jobs no worker picked up yet never start."""
@@ -175,17 +218,21 @@ class BatchRun:
 
     def _drain(self) -> None:
         while self.queued:
-            if self.token.cancelled:
-                self._reclaim_queued()
-                if not self.queued:
-                    return
-            self._wait_one()
+            try:
+                self._wait()
+            except INTERRUPTS as exc:  # landed outside the guarded wait: same treatment
+                self._interrupt(exc)
 
     def _finish_unstarted(self) -> None:
         for index, result in enumerate(self.results):
-            if result is None:
-                self.results[index] = self.registry._unstarted(self.calls[index])
-                self._progress()
+            if result is not None:
+                continue
+            try:
+                call = self.calls[index]
+                self.results[index] = self.registry._unstarted(call, on_interrupt=self._interrupt)
+            except INTERRUPTS as exc:  # landed in our own code, not in an observer
+                self._interrupt(exc)
+            self._progress()
 
     def _progress(self) -> None:
         self.done += 1
@@ -199,9 +246,14 @@ class BatchRun:
             logger.exception("toolreg: on_progress raised")
 
     def _interrupt(self, exc: BaseException) -> None:
+        """Ctrl-C here, or a hook's SystemExit/KeyboardInterrupt on a worker: stop the batch."""
         if self.interrupted is None:
             self.interrupted = exc
         self.source.cancel(type(exc).__name__)
+
+
+def _wait_slice() -> float | None:
+    return MAIN_THREAD_SLICE if threading.current_thread() is threading.main_thread() else None
 
 
 def unstarted_call(call: ToolCall) -> ToolCall:

@@ -27,8 +27,7 @@ from ._cancel import CancelToken, Registration, deadline
 logger = logging.getLogger("toolreg")
 
 INTERRUPTS = (KeyboardInterrupt, SystemExit)
-_MAIN_THREAD = threading.main_thread()
-_MAIN_THREAD_SLICE = 0.1  # seconds; bounds how late a Ctrl-C can be noticed while joining
+MAIN_THREAD_SLICE = 0.1  # seconds; bounds how late a Ctrl-C is noticed while the main thread waits
 
 
 class BodyRun:
@@ -149,16 +148,17 @@ class BodyRun:
         blocking in `acquire()` is only handled when the wait returns, so an unbounded wait
         could sit on a Ctrl-C until the body finished on its own.
         """
-        slice_ = _MAIN_THREAD_SLICE if threading.current_thread() is _MAIN_THREAD else -1
-        while True:
+        main = threading.current_thread() is threading.main_thread()
+        slice_ = MAIN_THREAD_SLICE if main else -1
+        # `settled` is written before `_done` is released: once it reads True the outcome is
+        # recorded. Looping on it (not on the lock) also survives a Ctrl-C that lands right
+        # after a successful acquire, which must not send us back to wait on a lock we hold.
+        while not self.settled:
             try:
-                if not self._done.acquire(timeout=slice_):
-                    continue
+                self._done.acquire(timeout=slice_)
             except INTERRUPTS as exc:
                 interrupt(exc)
                 self._claim_after_interrupt()
-                continue
-            return
 
     def claim_or_join(self, interrupt: Callable[[BaseException], None]) -> None:
         """After a Ctrl-C anywhere around submit/join: claim it if unstarted, else join it."""

@@ -20,6 +20,8 @@ Design rules (each one answers a known trap, see PITFALLS.md):
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import itertools
 import logging
@@ -28,7 +30,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,7 +159,7 @@ class _Listener(Registration):
         try:
             if fn is not None:
                 fn()
-        except Exception:
+        except (Exception, Cancelled):  # Ctrl-C and SystemExit propagate, after the others
             logger.exception("toolreg: cancel callback %r raised", fn)
         finally:
             with token._lock:
@@ -310,11 +312,11 @@ class CancelToken:
         # Children dropped without close() leave dead weak references behind. Sweeping when the
         # set has doubled since the last sweep keeps it within twice its live size, amortized
         # O(1) per attach, with no finalizer (finalizers run inside critical sections).
-        with self._lock:
+        with _gc_paused(), self._lock:  # the snapshot allocates: no collection in here
             children = self._children
             snapshot = tuple(children) if children else ()
-        dead = [ref for ref in snapshot if ref() is None]
-        with self._lock:
+        dead = {ref for ref in snapshot if ref() is None}
+        with self._lock:  # set-from-set difference: no iterator, no allocation the GC tracks
             children = self._children
             if children is None:
                 return
@@ -407,9 +409,7 @@ class _NeverToken(CancelToken):
         return _NoopRegistration()
 
     def wait(self, timeout: float | None = None) -> bool:
-        if timeout is None:
-            raise ValueError("CancelToken.never().wait() without a timeout would block forever")
-        threading.Event().wait(timeout)
+        threading.Event().wait(timeout)  # without a timeout: blocks forever, as asked
         return False
 
     def __repr__(self) -> str:
@@ -434,17 +434,34 @@ def _cancel(token: CancelToken, reason: object, from_timer: bool = False) -> boo
     marked = token._mark(reason, from_timer, False)
     if marked is None:
         return False
-    callbacks: list[_Listener] = []
     pending = [marked]
+    callbacks: dict[int, _Listener] = {}
+    interrupted: BaseException | None = None
+    while True:
+        try:
+            _mark_subtree(pending, callbacks, reason)
+            break
+        except BaseException as exc:  # a Ctrl-C mid-walk: the walk is idempotent, finish it
+            interrupted = interrupted or exc
+    try:
+        _run_callbacks(list(callbacks.values()))
+    finally:
+        if interrupted is not None:
+            raise interrupted
+    return True
+
+
+def _mark_subtree(pending: list[_Marked], callbacks: dict[int, _Listener], reason: object) -> None:
+    """Mark every token linked below `pending` breadth-first (any depth, no recursion).
+
+    Every linked token reads as cancelled before any user callback runs. Re-running it after an
+    interruption is harmless: marked tokens return None and callbacks are keyed by listener.
+    """
     index = 0
-    # Mark the whole subtree breadth-first with a worklist (any depth, no recursion), then run
-    # the callbacks: every linked token reads as cancelled before any user code runs.
     while index < len(pending):
         children, listeners = pending[index]
-        pending[index] = (None, None)
-        index += 1
         if listeners:
-            callbacks.extend(listeners.values())
+            callbacks.update(listeners)  # keys are global registration numbers: order kept
         if children:
             for ref in children:
                 child = ref()
@@ -452,8 +469,7 @@ def _cancel(token: CancelToken, reason: object, from_timer: bool = False) -> boo
                     child_marked = child._mark(reason, False, True)
                     if child_marked is not None and child_marked != (None, None):
                         pending.append(child_marked)
-    _run_callbacks(callbacks)
-    return True
+        index += 1
 
 
 def _run_callbacks(callbacks: list[_Listener]) -> None:
@@ -471,7 +487,10 @@ def _run_callbacks(callbacks: list[_Listener]) -> None:
 def _check_seconds(seconds: object, what: str) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, got {type(seconds).__name__}")
-    value = float(seconds)
+    try:
+        value = float(seconds)
+    except OverflowError:
+        value = math.inf
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{what} must be a positive, finite number of seconds, got {seconds!r}")
     return value
@@ -632,8 +651,7 @@ class _Timer:
         with self._cond:
             heap = self._heap
             if self.dead_count > 64 and self.dead_count * 2 > len(heap):
-                heap[:] = [queued for queued in heap if not queued[2].dead]
-                heapq.heapify(heap)
+                _drop_dead(heap)  # in place: nothing allocated while the lock is held
                 self.dead_count = 0
             heapq.heappush(heap, item)
             if heap[0] is item:
@@ -659,11 +677,15 @@ class _Timer:
                 delay = heap[0][0] - time.monotonic()
                 if delay <= 0:
                     return heapq.heappop(heap)[2]
-                self._cond.wait(delay)
+                self._cond.wait(min(delay, _MAX_TIMER_WAIT))  # a far deadline: wake and re-check
 
     def _serve(self) -> None:
         while True:
-            entry = self._next_due()
+            try:
+                entry = self._next_due()
+            except Exception:  # never let the shared timer die; log and keep serving
+                logger.exception("toolreg: the shared timer failed to wait; retrying")
+                continue
             token = entry()
             if token is None or entry.dead:
                 continue
@@ -674,5 +696,44 @@ class _Timer:
                 logger.exception("toolreg: a deadline's cancellation raised")
             del token
 
+
+def _drop_dead(heap: list[tuple[float, int, _TimerEntry]]) -> None:
+    kept = 0
+    for index in range(len(heap)):
+        if not heap[index][2].dead:
+            heap[kept] = heap[index]
+            kept += 1
+    del heap[kept:]
+    heapq.heapify(heap)
+
+
+_MAX_TIMER_WAIT = 3600.0  # seconds; Condition.wait overflows on very long timeouts
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic collection inside: a collection runs finalizers, which might need our lock.
+
+    Nested and concurrent users are counted, so the collector comes back on only when the last
+    one leaves, and only if it was on when the first one came.
+    """
+    global _gc_pauses, _gc_was_enabled
+    with _gc_pause_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_pause_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+_gc_pause_lock = threading.Lock()  # guards _gc_pauses and _gc_was_enabled
+_gc_pauses = 0
+_gc_was_enabled = False
 
 _TIMER = _Timer()

@@ -78,10 +78,11 @@ class CoroutineRunner:
             return self._loop
 
     def close(self) -> None:
-        """Stop the loop and join its thread (after every async body has settled)."""
+        """Stop the loop and join its thread (after every async body has settled). Idempotent."""
         with self._lock:
             self._closed = True
             loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
         if loop is None or thread is None:
             return
         loop.call_soon_threadsafe(loop.stop)

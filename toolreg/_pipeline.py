@@ -25,10 +25,11 @@ lands after the check, the body starts with a cancelled token and its success be
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._body import INTERRUPTS, BodyRun
+from ._body import INTERRUPTS, MAIN_THREAD_SLICE, BodyRun
 from ._cancel import Cancelled, CancelSource, CancelToken, Registration
 from ._hooks import Allow, Ask, Deny, Dispatch, HookSet
 from ._results import ErrorCode, ToolCall, ToolResult, render_content
@@ -51,13 +52,13 @@ class CallState:
         "call",
         "caller_token",
         "dispatched",
-        "finished",
         "hook_error",
         "hooks",
         "inline",
         "interrupted",
         "live_at_entry",
         "own_result",
+        "proceeds",
         "registry",
         "source",
         "stage",
@@ -89,7 +90,7 @@ class CallState:
         self.started = started
         self.inline = inline  # run bodies on this thread (nested calls, batch, asyncio)
         self.dispatched = False
-        self.finished = False  # the wrapper chain returned: a kept proceed() starts nothing
+        self.proceeds: _Proceeds | None = None  # proceed() calls in flight (with wrappers only)
         self.stage = "entry"
         self.interrupted: BaseException | None = None
         self.hook_error: ToolResult[Any] | None = None  # a registry-made HOOK_ERROR
@@ -150,8 +151,9 @@ class CallState:
             if self.hooks.around:
                 dispatch = Dispatch(self.call, self.tool, self.caller_token, self.token)
                 self.stage = "around"
+                self.proceeds = _Proceeds()
                 result = self.proceed(0, dispatch)
-                self.finished = True
+                self._end_wrappers()
             else:
                 result = self._run_body(self.token)
         if self.hook_error is not None and result is self.hook_error:
@@ -250,9 +252,13 @@ class CallState:
         wrapper = wrappers[index]
 
         def proceed() -> ToolResult[Any]:
-            if self.finished:
+            proceeds = self.proceeds
+            if proceeds is None or not proceeds.enter():
                 return self.hook_failure("around wrapper", "called proceed() after the call ended")
-            return self.proceed(index + 1, dispatch)
+            try:
+                return self.proceed(index + 1, dispatch)
+            finally:
+                proceeds.leave()
 
         try:
             result: object = wrapper(dispatch, proceed)
@@ -355,6 +361,24 @@ class CallState:
             self.own_result = result
         return result
 
+    def _end_wrappers(self) -> None:
+        """The chain returned: refuse new proceed() calls, join any still running elsewhere.
+
+        A wrapper may run `proceed()` on another thread and return without waiting for it; the
+        body that proceed starts is still this call's, so it is joined before the result.
+        """
+        proceeds = self.proceeds
+        assert proceeds is not None
+        drained = proceeds.close()
+        if drained is None:
+            return
+        main = threading.current_thread() is threading.main_thread()
+        while not drained.is_set():
+            try:
+                drained.wait(MAIN_THREAD_SLICE if main else None)
+            except INTERRUPTS as exc:
+                self.interrupt(exc)
+
     # -- after the wrappers ----------------------------------------------------------------------
 
     def post_execute(self, result: ToolResult[Any]) -> ToolResult[Any]:
@@ -405,6 +429,45 @@ class CallState:
                 self.interrupt(exc)
             except BaseException:
                 logger.exception("toolreg: result observer %r raised", observer)
+
+
+class _Proceeds:
+    """Counts the `proceed()` calls of one call that are still running."""
+
+    __slots__ = ("_drained", "_lock", "_open", "_running")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards the three fields below
+        self._running = 0
+        self._open = True  # False once the wrapper chain returned
+        self._drained: threading.Event | None = None
+
+    def enter(self) -> bool:
+        with self._lock:
+            if not self._open:
+                return False
+            self._running += 1
+            return True
+
+    def leave(self) -> None:
+        with self._lock:
+            self._running -= 1
+            drained = self._drained if self._running == 0 else None
+        if drained is not None:
+            drained.set()
+
+    def close(self) -> threading.Event | None:
+        """Refuse new entries; an Event set when the running ones left, or None if none run."""
+        with self._lock:
+            self._open = False
+            if self._running == 0:
+                return None
+        drained = threading.Event()  # allocated outside the lock
+        with self._lock:
+            if self._running == 0:
+                return None
+            self._drained = drained
+            return drained
 
 
 def entry_failure(call: ToolCall, code: ErrorCode, message: str, started: float) -> ToolResult[Any]:

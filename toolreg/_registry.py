@@ -29,6 +29,7 @@ from ._hooks import (
     PreExecuteHook,
     ResultObserver,
 )
+from ._interrupts import SigintRequest, deferred_sigint
 from ._pipeline import CallState, entry_failure
 from ._results import ErrorCode, ToolCall, ToolResult, frozen_call
 from ._tools import (
@@ -46,7 +47,6 @@ __all__ = ["InFlightCall", "ToolRegistry"]
 logger = logging.getLogger("toolreg")
 F = TypeVar("F", bound=Callable[..., Any])
 SchemaStyle = Literal["openai", "anthropic", "mcp"]
-_EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,7 @@ class InFlightCall:
 @dataclass(frozen=True)
 class _Entry:
     tool: Tool
+    schema: dict[str, Any]  # a private copy of the parameters schema, as compiled
     validator: Validator | None
     is_async: bool  # an `async def` body: it runs on the registry's event loop thread
 
@@ -130,7 +131,8 @@ class ToolRegistry:
         """Add a tool; `ValueError` for a duplicate name or an invalid schema."""
         if not isinstance(tool, Tool):
             raise TypeError(f"register() takes a Tool, got {type(tool).__name__}")
-        entry = _Entry(tool, compile_schema(tool), inspect.iscoroutinefunction(tool.fn))
+        schema, validator = compile_schema(tool)
+        entry = _Entry(tool, schema, validator, inspect.iscoroutinefunction(tool.fn))
         with self._lock:
             if tool.name in self._tools:
                 raise ValueError(f"a tool named {tool.name!r} is already registered")
@@ -147,7 +149,18 @@ class ToolRegistry:
             return True
 
     @overload
-    def tool(self, fn: F, /) -> F: ...
+    def tool(
+        self,
+        fn: F,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        concurrency_safe: ConcurrencySafe = False,
+        render: Callable[[Any], str] | None = None,
+    ) -> F: ...
 
     @overload
     def tool(
@@ -220,7 +233,8 @@ class ToolRegistry:
         shape = shapes.get(style)
         if shape is None:
             raise ValueError(f"unknown schema style {style!r}; use one of {sorted(shapes)}")
-        return [shape(tool, _schema_of(tool)) for tool in self.tools()]
+        entries = [entry for _, entry in sorted(self._tools.items())]
+        return [shape(entry.tool, copy.deepcopy(entry.schema)) for entry in entries]
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -324,11 +338,14 @@ class ToolRegistry:
         nested: bool,
         extra: CancelToken | None = None,
         entered: bool = False,
+        on_interrupt: Callable[[BaseException], None] | None = None,
     ) -> ToolResult[Any]:
         """Run one call; `extra` is a second token that cancels the call but not the caller.
 
         `entered`: the caller already counted the call in (the asyncio facade does that at
-        `areg.execute`, the call's entry); it is counted out here either way.
+        `areg.execute`, the call's entry); it is counted out here either way. `on_interrupt`:
+        a Ctrl-C or SystemExit inside the call is handed to it (after the call completed and
+        was observed) instead of being re-raised, so a batch keeps the observed result.
         """
         if not entered:
             self._enter(nested)
@@ -339,7 +356,7 @@ class ToolRegistry:
         # waiting for another worker could deadlock a busy pool, so the body runs here.
         inline = inline or depth > 0
         try:
-            return self._run(call, caller, start_if_cancelled, inline, started, extra)
+            return self._run(call, caller, start_if_cancelled, inline, started, extra, on_interrupt)
         finally:
             local.depth -= 1
             self._leave()
@@ -352,11 +369,12 @@ class ToolRegistry:
         inline: bool,
         started: float,
         extra: CancelToken | None,
+        on_interrupt: Callable[[BaseException], None] | None,
     ) -> ToolResult[Any]:
         hooks = self._hooks  # the hooks present at entry serve the whole call
         admitted = self._admit(call, started)
         if isinstance(admitted, ToolResult):
-            return _notify(hooks.observers, admitted)
+            return _notify(hooks.observers, admitted, on_interrupt)
         call, tool = admitted
         if (caller.cancelled and not start_if_cancelled) or (extra is not None and extra.cancelled):
             aborted = entry_failure(
@@ -365,7 +383,7 @@ class ToolRegistry:
                 "tool call aborted before dispatch",
                 started,
             )
-            return _notify(hooks.observers, aborted)
+            return _notify(hooks.observers, aborted, on_interrupt)
         source = CancelSource(caller) if extra is None else CancelSource(caller, extra)
         state = CallState(self, call, tool, hooks, caller, source, started, inline)
         key = id(state)
@@ -375,13 +393,15 @@ class ToolRegistry:
         if closing:  # close() may have listed the calls before this one: cancel it ourselves
             source.cancel("registry closed")
         try:
-            return self._run_state(state)
+            return self._run_state(state, on_interrupt)
         finally:
             source.close()
             with self._lock:
                 del self._calls[key]
 
-    def _run_state(self, state: CallState) -> ToolResult[Any]:
+    def _run_state(
+        self, state: CallState, on_interrupt: Callable[[BaseException], None] | None
+    ) -> ToolResult[Any]:
         try:
             result, post = state.run()
             if post:
@@ -392,7 +412,9 @@ class ToolRegistry:
         final = state.finalize(result)
         state.notify(final)
         if state.interrupted is not None:
-            raise state.interrupted
+            if on_interrupt is None:
+                raise state.interrupted
+            on_interrupt(state.interrupted)
         return final
 
     def _admit(self, call: ToolCall, started: float) -> ToolResult[Any] | tuple[ToolCall, Tool]:
@@ -439,8 +461,9 @@ class ToolRegistry:
         caller = _as_token(token)
         if on_progress is not None and not callable(on_progress):
             raise TypeError("on_progress must be callable")
-        self._enter(nested=getattr(self._local, "depth", 0) > 0)
-        return self._execute_batch(batch, caller, max_parallel, on_progress)
+        with deferred_sigint() as ctrl_c:  # a Ctrl-C here becomes a cancellation request
+            self._enter(nested=self._inside())
+            return self._execute_batch(batch, caller, max_parallel, on_progress, ctrl_c)
 
     def _execute_batch(
         self,
@@ -448,27 +471,43 @@ class ToolRegistry:
         caller: CancelToken,
         max_parallel: int,
         on_progress: Progress | None,
+        ctrl_c: SigintRequest | None = None,
     ) -> list[ToolResult[Any]]:
         """Run a checked batch; the caller has already `_enter`ed, this `_leave`s."""
-        local = self._local
-        depth = getattr(local, "depth", 0)
-        local.depth = depth + 1
-        source = CancelSource(caller)
+        try:
+            source = CancelSource(caller)
+            local = self._local
+            depth = getattr(local, "depth", 0)
+            local.depth = depth + 1
+            try:
+                return self._run_batch(batch, source, max_parallel, on_progress, depth > 0, ctrl_c)
+            finally:
+                local.depth = depth
+                source.close()
+        finally:
+            self._leave()
+
+    def _run_batch(
+        self,
+        batch: list[ToolCall],
+        source: CancelSource,
+        max_parallel: int,
+        on_progress: Progress | None,
+        inline: bool,
+        ctrl_c: SigintRequest | None,
+    ) -> list[ToolResult[Any]]:
         key = id(source)
         with self._lock:
             self._batches[key] = source
             closing = self._closing
-        if closing:
-            source.cancel("registry closed")
         try:
-            run = BatchRun(self, batch, source, max_parallel, on_progress, inline=depth > 0)
+            if closing:
+                source.cancel("registry closed")
+            run = BatchRun(self, batch, source, max_parallel, on_progress, inline, ctrl_c)
             return run.run()
         finally:
-            source.close()
             with self._lock:
                 del self._batches[key]
-            local.depth = depth
-            self._leave()
 
     def _parallel_safe(self, call: ToolCall) -> bool:
         """Whether a batch call may overlap others: only an exact True counts."""
@@ -476,20 +515,25 @@ class ToolRegistry:
         if entry is None:
             return False
         safe = entry.tool.concurrency_safe
-        if isinstance(safe, bool):
-            return safe
+        if safe is False:
+            return False
         try:
             arguments = freeze_arguments(call.arguments)
             if entry.validator is not None:
-                entry.validator(arguments)
-            return safe(arguments) is True
+                entry.validator(arguments)  # bad arguments mean exclusive, even for True
+            return safe is True or (not isinstance(safe, bool) and safe(arguments) is True)
         except Exception:
             logger.debug(
                 "toolreg: %s is exclusive: its classifier failed", call.call_id, exc_info=True
             )
             return False
 
-    def _unstarted(self, call: ToolCall, error: BaseException | None = None) -> ToolResult[Any]:
+    def _unstarted(
+        self,
+        call: ToolCall,
+        error: BaseException | None = None,
+        on_interrupt: Callable[[BaseException], None] | None = None,
+    ) -> ToolResult[Any]:
         """The result of a batch call that never started (observers see it)."""
         frozen = unstarted_call(call)
         started = time.monotonic()
@@ -497,7 +541,8 @@ class ToolRegistry:
             code, message = ErrorCode.ABORTED_BEFORE_DISPATCH, "tool call aborted before dispatch"
         else:
             code, message = ErrorCode.TOOL_ERROR, f"toolreg internal error: {error!r}"
-        return _notify(self._hooks.observers, entry_failure(frozen, code, message, started))
+        result = entry_failure(frozen, code, message, started)
+        return _notify(self._hooks.observers, result, on_interrupt)
 
     def _run_body_here(self, tool: Tool, args: Any, ctx: ToolContext) -> Any:
         """The body, on whatever thread runs it, marked as inside this registry."""
@@ -563,20 +608,19 @@ class ToolRegistry:
                 "close() from inside one of this registry's calls would wait forever"
             )
         with self._lock:
-            first = not self._closing
             self._closing = True
             sources = [state.source for state in self._calls.values()]
             sources.extend(self._batches.values())
-        if first:
-            for source in sources:  # later calls see _closing and cancel themselves
-                source.cancel("registry closed")
+        # Cancelling again is harmless (first reason wins), and it makes a close() that was
+        # interrupted (Ctrl-C while waiting) finish properly when it is called again.
+        for source in sources:  # later calls see _closing and cancel themselves
+            source.cancel("registry closed")
         with self._lock:
             while self._active:
                 self._idle.wait()
-        if first and self._owns_executor:
-            self._executor.shutdown(wait=True)
-        if first:
-            self._coroutines.close()
+        if self._owns_executor:
+            self._executor.shutdown(wait=True)  # idempotent
+        self._coroutines.close()  # idempotent
         with self._lock:
             self._closed = True
 
@@ -596,7 +640,13 @@ class ToolRegistry:
         return f"<ToolRegistry {state} tools={len(self._tools)} in_flight={self._active}>"
 
 
-def _notify(observers: tuple[ResultObserver, ...], result: ToolResult[Any]) -> ToolResult[Any]:
+def _notify(
+    observers: tuple[ResultObserver, ...],
+    result: ToolResult[Any],
+    on_interrupt: Callable[[BaseException], None] | None = None,
+) -> ToolResult[Any]:
+    """Every observer sees `result`; a Ctrl-C in one is re-raised (or handed to
+    `on_interrupt`) only after all of them have."""
     interrupted: BaseException | None = None
     for observer in observers:
         try:
@@ -606,7 +656,9 @@ def _notify(observers: tuple[ResultObserver, ...], result: ToolResult[Any]) -> T
         except BaseException:
             logger.exception("toolreg: result observer %r raised", observer)
     if interrupted is not None:
-        raise interrupted
+        if on_interrupt is None:
+            raise interrupted
+        on_interrupt(interrupted)
     return result
 
 
@@ -641,7 +693,3 @@ def _check_executor(executor: object) -> None:
         f"executor must be a ThreadPoolExecutor (tool bodies share tokens and contexts with this "
         f"process), got {type(executor).__name__}"
     )
-
-
-def _schema_of(tool: Tool) -> dict[str, Any]:
-    return copy.deepcopy(dict(tool.parameters if tool.parameters is not None else _EMPTY_SCHEMA))

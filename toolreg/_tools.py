@@ -70,20 +70,25 @@ def _check_timeout(name: str, timeout: object) -> None:
 Validator = Callable[[Any], Any]
 
 
-def compile_schema(tool: Tool) -> Validator | None:
-    """Compile the tool's JSON Schema once; an invalid schema is a `ValueError`.
+EMPTY_SCHEMA: Mapping[str, Any] = {"type": "object", "properties": {}}
 
+
+def compile_schema(tool: Tool) -> tuple[dict[str, Any], Validator | None]:
+    """A private copy of the tool's JSON Schema and its validator, compiled once.
+
+    The copy is what the catalog shows, so a caller mutating its dict after registration
+    cannot advertise a schema other than the one enforced. An invalid schema is a `ValueError`.
     fastjsonschema generates Python code per schema, so a check costs a few function calls
     instead of a walk of the schema per call (several times faster than `jsonschema`).
     """
     if tool.parameters is None:
-        return None
+        return _plain(EMPTY_SCHEMA), None
     schema = _plain(tool.parameters)
     try:
-        validator: Validator = fastjsonschema.compile(schema, use_default=False)
+        validator: Validator = fastjsonschema.compile(_plain(schema), use_default=False)
     except Exception as exc:
         raise ValueError(f"tool {tool.name!r}: invalid parameters schema: {exc}") from exc
-    return validator
+    return schema, validator
 
 
 def _plain(value: Any) -> Any:
