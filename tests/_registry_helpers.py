@@ -1,0 +1,178 @@
+"""Shared helpers for the registry tests: handshakes, recorders, callers on their own threads.
+
+Threads are ordered only with `Event`s (`Gate`, `Caller`). Every wait is bounded by `WAIT`, a
+limit a correct implementation never comes near: it turns a hang into a failure with a message.
+`wait_until` polls an observable condition (say, a log record) in short bounded slices; it never
+orders threads by sleeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from toolreg import ErrorCode, ToolRegistry, ToolResult
+
+WAIT = 10.0  # seconds any handshake may take before the test fails
+
+ABORTED = ErrorCode.ABORTED
+BEFORE = ErrorCode.ABORTED_BEFORE_DISPATCH
+
+
+class Gate:
+    """Holds the thread that calls `hold()` until `release()`; `reached` tells it got there."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.released = threading.Event()
+
+    def hold(self) -> None:
+        self.reached.set()
+        if not self.released.wait(WAIT):
+            raise AssertionError("the gate was never released")
+
+    def wait_reached(self) -> None:
+        assert self.reached.wait(WAIT), "no thread reached the gate"
+
+    def release(self) -> None:
+        self.released.set()
+
+
+class Caller:
+    """Runs `fn()` on a thread of its own and keeps its return value or exception."""
+
+    def __init__(self, fn: Callable[[], Any], name: str = "test-caller") -> None:
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.value = fn()
+        except BaseException as exc:  # reported by join(), never lost in the thread
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def still_blocked(self, seconds: float = 0.05) -> bool:
+        """True if `fn` has not returned after `seconds` (a check, never used to order)."""
+        return not self.done.wait(seconds)
+
+    def join(self, timeout: float = WAIT) -> Any:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the call did not return"
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class Observed:
+    """An `on_result` observer that keeps every result it sees, in order."""
+
+    def __init__(self) -> None:
+        self.results: list[ToolResult[Any]] = []
+        self._lock = threading.Lock()  # guards results
+
+    def __call__(self, result: ToolResult[Any]) -> None:
+        with self._lock:
+            self.results.append(result)
+
+    @property
+    def codes(self) -> list[ErrorCode | None]:
+        return [result.code for result in self.results]
+
+
+class Journal:
+    """A thread-safe list of events, for asserting an exact order."""
+
+    def __init__(self) -> None:
+        self.entries: list[Any] = []
+        self._lock = threading.Lock()  # guards entries
+
+    def __call__(self, entry: Any) -> None:
+        with self._lock:
+            self.entries.append(entry)
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
+    """Poll an observable condition in short bounded slices; fail after `timeout` seconds."""
+    pause = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return
+        pause.wait(0.01)
+    assert condition(), f"timed out waiting for {what}"
+
+
+@contextlib.contextmanager
+def open_registry(**options: Any) -> Iterator[ToolRegistry]:
+    """A registry that is closed when the block ends, however it ends."""
+    registry = ToolRegistry(**options)
+    try:
+        yield registry
+    finally:
+        registry.close()
+
+
+def main_thread_sleeps() -> bool:
+    """True if the main thread is blocked in the kernel (Linux: its task state is 'S')."""
+    native_id = threading.main_thread().native_id
+    with open(f"/proc/self/task/{native_id}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+def wait_until_main_thread_blocks(polls: int = 5) -> None:
+    """Wait until the main thread has been blocked for `polls` polls in a row.
+
+    A signal that arrives while the main thread is *about to* block (past its last check for
+    pending signals, not yet in the system call) is only handled once that call returns: a
+    CPython race, not a toolreg one. Tests deliver Ctrl-C only once the main thread is seen
+    blocked, 10 ms apart, with this thread not holding the GIL in between (so it is not merely
+    waiting for the GIL).
+    """
+    pause = threading.Event()
+    streak = 0
+    for _ in range(int(WAIT / 0.01)):
+        streak = streak + 1 if main_thread_sleeps() else 0
+        if streak >= polls:
+            return
+        pause.wait(0.01)
+    raise AssertionError("the main thread never blocked")
+
+
+def send_ctrl_c_when(event: threading.Event) -> Caller:
+    """From another thread: once `event` is set and the main thread blocks, deliver SIGINT."""
+    main = threading.main_thread().ident
+    assert main is not None and threading.current_thread() is threading.main_thread()
+
+    def deliver() -> None:
+        assert event.wait(WAIT), "the moment to press Ctrl-C never came"
+        wait_until_main_thread_blocks()
+        signal.pthread_kill(main, signal.SIGINT)
+
+    return Caller(deliver, name="ctrl-c")
+
+
+@contextlib.contextmanager
+def default_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler (raise KeyboardInterrupt) for the duration of the block."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def holds_nothing(token: Any) -> bool:
+    """True if a token keeps no listener and no child link, not even a dead weak one."""
+    return not token._listeners and not token._children
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))

@@ -1,0 +1,63 @@
+"""Shared fixtures: resource hygiene, GC control and fast thread switching."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from toolreg import deadline
+
+_FD_DIR = "/proc/self/fd"
+
+
+def _open_fd_count() -> int | None:
+    if not os.path.isdir(_FD_DIR):
+        return None
+    return len(os.listdir(_FD_DIR))
+
+
+@pytest.fixture
+def no_leaked_threads_or_fds() -> Iterator[None]:
+    """Fail the test if it leaves threads running or file descriptors open.
+
+    The shared `toolreg-timer` thread is process-wide and started lazily, so it is started before
+    measuring: a test that merely creates the first deadline does not count as a leak.
+    """
+    deadline(None, 3600.0).close()
+    threads_before = set(threading.enumerate())
+    fds_before = _open_fd_count()
+    yield
+    for thread in set(threading.enumerate()) - threads_before:
+        thread.join(timeout=5.0)  # a test's own helper may still be on its way out
+    leaked = [t.name for t in set(threading.enumerate()) - threads_before if t.is_alive()]
+    assert leaked == [], f"threads left running: {leaked}"
+    assert _open_fd_count() == fds_before, "file descriptors left open"
+
+
+@pytest.fixture
+def gc_disabled() -> Iterator[None]:
+    """Run the test with the cyclic garbage collector off (memory must not depend on it)."""
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@pytest.fixture
+def fast_thread_switching() -> Iterator[None]:
+    """Switch threads every microsecond, so races interleave inside short critical paths."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)

@@ -1,0 +1,94 @@
+"""The public surface: `toolreg.__all__` pinned and sorted, and the README quickstart runs."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+import toolreg
+
+PUBLIC = [
+    "Allow",
+    "Approver",
+    "AroundWrapper",
+    "Ask",
+    "CancelSource",
+    "CancelToken",
+    "Cancelled",
+    "Deny",
+    "Dispatch",
+    "ErrorCode",
+    "FrozenDict",
+    "Guard",
+    "InFlightCall",
+    "PostExecuteHook",
+    "PreExecuteHook",
+    "Registration",
+    "ResultObserver",
+    "RetryPolicy",
+    "TimeoutPolicy",
+    "TimeoutReason",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolError",
+    "ToolRegistry",
+    "ToolResult",
+    "deadline",
+    "timeout_of",
+]
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_all_names_are_pinned_without_duplicates() -> None:
+    assert sorted(toolreg.__all__) == PUBLIC
+    assert len(set(toolreg.__all__)) == len(toolreg.__all__)
+
+
+def test_all_is_sorted() -> None:
+    assert toolreg.__all__ == sorted(toolreg.__all__)
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_public_name_is_importable(name: str) -> None:
+    namespace: dict[str, object] = {}
+    exec(f"from toolreg import {name}", namespace)
+    assert namespace[name] is getattr(toolreg, name)
+
+
+def test_star_import_gives_exactly_all() -> None:
+    namespace: dict[str, object] = {}
+    exec("from toolreg import *", namespace)
+    assert sorted(name for name in namespace if name != "__builtins__") == PUBLIC
+
+
+def test_every_public_attribute_is_in_all() -> None:
+    public = [
+        name
+        for name, value in vars(toolreg).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    ]
+    assert sorted(public) == PUBLIC
+
+
+def test_public_classes_say_they_live_in_toolreg() -> None:
+    for name in PUBLIC:
+        value = getattr(toolreg, name)
+        assert getattr(value, "__module__", "").startswith("toolreg"), name
+
+
+def quickstart() -> str:
+    """The first ```python block of README.md, whatever it grows into."""
+    match = re.search(r"^```python[ \t]*\n(.*?)^```", README.read_text("utf-8"), re.S | re.M)
+    assert match is not None, "README.md has no ```python block"
+    return match.group(1)
+
+
+def test_readme_quickstart_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    code = compile(quickstart(), f"{README}:quickstart", "exec")
+    exec(code, {"__name__": "__quickstart__"})
+    capsys.readouterr()  # whatever it prints is for a reader, not for this test
