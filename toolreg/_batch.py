@@ -7,11 +7,16 @@ another waiting call holds. Classification happens once, up front: only a tool w
 parallel; anything else (an exception, a non-bool, an unknown tool, invalid arguments) is
 exclusive and acts as a barrier.
 
-Turn cancellation: once the batch token is cancelled no further call starts. A job already handed
-to the pool but not yet picked up is claimed back by the scheduler (the same single-claim rule as
-bodies, see `_body`), and every unstarted call gets `ABORTED_BEFORE_DISPATCH` without entering
-any hook, seen by the observers like any other result. Started calls are cancelled through their
-tokens and joined: `execute_batch` returns only after every started call has settled.
+Consecutive parallel calls form a segment, run by up to `max_parallel` runners: pool tasks that
+each take the segment's next call (in input order) and run it, until the segment is used up, so
+workers never wait for the scheduler between calls. The scheduler waits for a segment's runners
+before it starts the next segment; an exclusive call is a segment of one, hence a barrier.
+
+Turn cancellation: once the batch token is cancelled no further call starts. Runners stop taking
+calls, a runner still queued in the pool is claimed back by the scheduler (the same single-claim
+rule as bodies, see `_body`), and every unstarted call gets `ABORTED_BEFORE_DISPATCH` without
+entering any hook, seen by the observers like any other result. Started calls are cancelled
+through their tokens and joined: `execute_batch` returns only after every started call settled.
 """
 
 from __future__ import annotations
@@ -55,19 +60,35 @@ def check_batch(calls: Iterable[ToolCall], max_parallel: int) -> list[ToolCall]:
     return batch
 
 
-class _Job:
-    """One batch call handed to the pool; claimed once, by its worker or by the scheduler.
+class _Segment:
+    """Consecutive calls that may overlap, run by up to `max_parallel` runners.
 
-    Completion lives here (`finished`), not on the wake-up queue, so a Ctrl-C that lands while
-    the scheduler takes a wake-up off the queue loses nothing.
+    A runner is one pool task that takes the segment's calls in input order, one at a time,
+    and runs each whole pipeline inline, until the segment is used up or the batch cancelled:
+    workers never wait for the scheduler between calls. An exclusive call is a segment of one.
     """
 
-    __slots__ = ("claim", "finished", "index")
+    __slots__ = ("claims", "end", "lock", "next", "runners")
 
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.claim = threading.Lock()
-        self.finished = False  # set by the worker after the call's result is recorded
+    def __init__(self, start: int, end: int, runners: int) -> None:
+        self.lock = threading.Lock()  # guards next and runners
+        self.next = start  # the next call to start
+        self.end = end
+        self.runners = runners  # runners that have not finished (or been taken back)
+        self.claims = [threading.Lock() for _ in range(runners)]  # one start claim per runner
+
+    def take(self, cancelled: Callable[[], bool]) -> int | None:
+        """The next call to run, in input order, or None when done or cancelled."""
+        with self.lock:
+            if self.next >= self.end or cancelled():
+                return None
+            index = self.next
+            self.next += 1
+            return index
+
+    def runner_done(self) -> None:
+        with self.lock:
+            self.runners -= 1
 
 
 class BatchRun:
@@ -92,17 +113,18 @@ class BatchRun:
         self.inline = inline  # already on one of our threads: run the calls here, one by one
         self.results: list[ToolResult[Any] | None] = [None] * len(calls)
         self.parallel = [registry._parallel_safe(call) for call in calls]
-        self.wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()  # a job finished, or cancel
-        self.queued: dict[int, _Job] = {}  # handed to the pool, not yet seen finished
-        self.running_exclusive = False
+        self.wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()  # progress, or cancel
+        self.finished: list[int] = []  # indices in completion order; list.append is atomic
+        self.reported = 0  # how many of `finished` on_progress has seen
         self.done = 0
+        self.segment: _Segment | None = None
         self.interrupted: BaseException | None = None
         self.ctrl_c = ctrl_c  # a deferred Ctrl-C press: cancel, drain, and let the caller raise
         if ctrl_c is not None:
             ctrl_c.wake = lambda: self.wakeups.put(None)  # SimpleQueue.put is reentrant
 
     def run(self) -> list[ToolResult[Any]]:
-        """Start calls in order until all started or the batch is cancelled; join; return.
+        """Run segment after segment until all ran or the batch is cancelled; join; return.
 
         A Ctrl-C (or a hook's SystemExit on a worker) anywhere in here cancels the batch; the
         batch is still drained and every unstarted call still observed before it is re-raised.
@@ -121,107 +143,111 @@ class BatchRun:
                     self._interrupt(exc)
         finally:
             wake.remove()
+        self._report()
         self._finish_unstarted()
         if self.interrupted is not None:
             raise self.interrupted
         return [result for result in self.results if result is not None]
 
     def _schedule(self) -> None:
-        for index in range(len(self.calls)):
-            parallel = self.parallel[index]
-            limit = self.max_parallel if parallel else 1
-            while not self.token.cancelled and (
-                len(self.queued) >= limit
-                or (self.queued and (self.running_exclusive or not parallel))
-            ):
-                self._wait()
-            if self.ctrl_c is not None and self.ctrl_c.pressed:
-                self.source.cancel("KeyboardInterrupt")
+        start, total = 0, len(self.calls)
+        while start < total:
+            self._check_ctrl_c()
             if self.token.cancelled:
                 return
-            self._start(index, parallel)
+            end = start + 1
+            if self.parallel[start]:
+                while end < total and self.parallel[end]:
+                    end += 1
+            runners = 1 if self.inline else min(self.max_parallel, end - start)
+            self._run_segment(_Segment(start, end, runners))
+            start = end
 
-    def _start(self, index: int, parallel: bool) -> None:
-        job = _Job(index)
-        self.running_exclusive = not parallel
-        self.queued[index] = job
+    def _run_segment(self, segment: _Segment) -> None:
+        self.segment = segment
         if self.inline:
-            self._run_job(job)
-            self._collect()
-            return
+            self._runner(segment, 0)
+        else:
+            for runner in range(len(segment.claims)):
+                self._submit(segment, runner)
+        self._drain()
+
+    def _submit(self, segment: _Segment, runner: int) -> None:
         try:
-            self.registry._executor.submit(self._run_job, job)
-        except RuntimeError:  # executor shut down under us: this call never starts
-            if job.claim.acquire(blocking=False):
-                del self.queued[index]
-                self.running_exclusive = False
+            self.registry._executor.submit(self._runner, segment, runner)
+        except RuntimeError:  # executor shut down under us: this runner never starts
+            if segment.claims[runner].acquire(blocking=False):
+                segment.runner_done()
             self.source.cancel("the executor refused the batch")
 
-    def _run_job(self, job: _Job) -> None:
-        """On a pool worker: the whole pipeline of one call, body inline."""
-        if not job.claim.acquire(blocking=False):
+    def _runner(self, segment: _Segment, runner: int) -> None:
+        """On a pool worker: run the segment's calls in order, each pipeline inline."""
+        if not segment.claims[runner].acquire(blocking=False):
             return  # the scheduler took it back after cancellation
-        call = self.calls[job.index]
         try:
-            if self.token.cancelled:  # cancelled while queued: unstarted, like a reclaimed job
-                self.results[job.index] = self.registry._unstarted(
-                    call, on_interrupt=self._interrupt
-                )
-            else:
-                self.results[job.index] = self.registry._execute(
-                    call,
-                    self.token,
-                    False,
-                    True,
-                    time.monotonic(),
-                    nested=True,
-                    on_interrupt=self._interrupt,
-                )
-        except BaseException as exc:  # a toolreg bug: never lose the call's result
-            logger.exception("toolreg: batch call %s raised", call.call_id)
-            if self.results[job.index] is None:
-                self.results[job.index] = self.registry._unstarted(call, exc)
+            cancelled = self._cancelled
+            while (index := segment.take(cancelled)) is not None:
+                self._run_call(index)
         finally:
-            job.finished = True
+            segment.runner_done()
             self.wakeups.put(None)
 
-    def _wait(self) -> None:
-        """Block until a job finished or the batch was cancelled; then catch up."""
-        if self.ctrl_c is not None and self.ctrl_c.pressed and not self.token.cancelled:
-            self.source.cancel("KeyboardInterrupt")
+    def _cancelled(self) -> bool:
+        return self.token.cancelled
+
+    def _run_call(self, index: int) -> None:
+        call = self.calls[index]
         try:
-            if not self._collect():
+            self.results[index] = self.registry._execute(
+                call,
+                self.token,
+                False,
+                True,
+                time.monotonic(),
+                nested=True,
+                on_interrupt=self._interrupt,
+            )
+        except BaseException as exc:  # a toolreg bug: never lose the call's result
+            logger.exception("toolreg: batch call %s raised", call.call_id)
+            if self.results[index] is None:
+                self.results[index] = self.registry._unstarted(call, exc)
+        finally:
+            self.finished.append(index)
+            self.wakeups.put(None)
+
+    def _drain(self) -> None:
+        """Wait until the current segment's runners all finished, reporting progress."""
+        segment = self.segment
+        while segment is not None and segment.runners > 0:
+            self._check_ctrl_c()
+            if self.token.cancelled:
+                self._reclaim(segment)
+                if segment.runners == 0:
+                    break
+            try:
                 # The main thread waits in slices, so a Ctrl-C is noticed within one.
                 with contextlib.suppress(queue.Empty):
                     self.wakeups.get(timeout=_wait_slice())
-        except INTERRUPTS as exc:
-            self._interrupt(exc)
-        if self.token.cancelled:
-            self._reclaim_queued()
-        self._collect()
-
-    def _collect(self) -> bool:
-        """Retire every finished job; True if any was."""
-        finished = [index for index, job in self.queued.items() if job.finished]
-        for index in finished:
-            del self.queued[index]
-            if not self.parallel[index] or not self.queued:
-                self.running_exclusive = False
-            self._progress()
-        return bool(finished)
-
-    def _reclaim_queued(self) -> None:
-        """After cancellation: jobs no worker picked up yet never start."""
-        for index, job in list(self.queued.items()):
-            if job.claim.acquire(blocking=False):
-                del self.queued[index]
-
-    def _drain(self) -> None:
-        while self.queued:
-            try:
-                self._wait()
-            except INTERRUPTS as exc:  # landed outside the guarded wait: same treatment
+            except INTERRUPTS as exc:
                 self._interrupt(exc)
+            self._report()
+        self._report()
+
+    def _reclaim(self, segment: _Segment) -> None:
+        """After cancellation: runners no worker picked up yet never start."""
+        for claim in segment.claims:
+            if claim.acquire(blocking=False):
+                segment.runner_done()
+
+    def _check_ctrl_c(self) -> None:
+        if self.ctrl_c is not None and self.ctrl_c.pressed and not self.token.cancelled:
+            self.source.cancel("KeyboardInterrupt")
+
+    def _report(self) -> None:
+        """on_progress for every call that finished since the last report."""
+        while self.reported < len(self.finished):
+            self.reported += 1
+            self._progress()
 
     def _finish_unstarted(self) -> None:
         for index, result in enumerate(self.results):
