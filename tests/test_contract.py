@@ -36,6 +36,7 @@ from toolreg import (
     Deny,
     Dispatch,
     ErrorCode,
+    Tool,
     ToolCall,
     ToolContext,
     ToolRegistry,
@@ -1069,3 +1070,29 @@ def test_close_from_inside_a_call_raises_runtime_error_instead_of_waiting(
         assert "inside" in str(errors[0])
         assert not registry.closed
         assert registry.execute("work").ok  # the registry is still open
+
+
+def test_cancel_between_entry_reads_cannot_skip_the_rechecks() -> None:
+    """Regression: "live at entry" was read twice (once for start_if_cancelled, once for the
+    rechecks); a caller cancelled between the two reads got neither, and its body started after
+    its hooks had seen the cancellation (found by the batch stress test)."""
+    from toolreg._cancel import _cancel, _new_token
+
+    class CancelledRightAfterFirstRead(CancelToken):
+        __slots__ = ()
+
+        @property
+        def cancelled(self) -> bool:
+            was = self._cancelled
+            if not was:
+                _cancel(self, "between the reads")
+            return was
+
+    ran: list[str] = []
+    with ToolRegistry(max_workers=1) as registry:
+        registry.add_pre_execute(lambda call, token: ran.append(f"hook {token.cancelled}"))
+        registry.register(Tool("t", lambda args, ctx: ran.append("body")))
+        token = _new_token(CancelledRightAfterFirstRead)
+        result = registry.execute("t", token=token, start_if_cancelled=False)
+    assert result.code == ErrorCode.ABORTED_BEFORE_DISPATCH
+    assert ran == ["hook True"]

@@ -34,9 +34,9 @@ class BodyRun:
     """One start of a body; see the module docstring for the claim protocol."""
 
     __slots__ = (
+        "_call",
         "_claim",
         "_done",
-        "_name",
         "_overdue",
         "_overdue_after",
         "_target",
@@ -55,13 +55,13 @@ class BodyRun:
         target: Callable[[], Any],
         token: CancelToken,
         check: bool,
-        name: str,
+        call: Any,
         overdue_after: float | None,
     ) -> None:
         self._target = target
         self.token = token
         self.check = check  # False for pre-aborted entry: the body must start regardless
-        self._name = name
+        self._call = call  # named in the overdue warning
         self._overdue_after = overdue_after
         self._claim = threading.Lock()  # acquired once, by the party that owns the start
         self._done = threading.Lock()  # held until the owner finished; released exactly once
@@ -115,7 +115,7 @@ class BodyRun:
             logger.warning(
                 "toolreg: tool %s has not settled %gs after its cancellation; the registry keeps "
                 "waiting for it (a non-quiescent call: make the body observe ctx.token)",
-                self._name,
+                f"{self._call.name!r} (call {self._call.call_id})",
                 self._overdue_after,
             )
 

@@ -559,7 +559,7 @@ def _new_source_token(parents: tuple[object, ...], seconds: object, code: str) -
             raise TypeError(f"parents must be CancelTokens, got {type(parent).__name__}{hint}")
     timeout = None if seconds is None else _check_seconds(seconds, "timeout")
     token = _new_token()
-    if parents:
+    if parents and not (len(parents) == 1 and parents[0] is _NEVER):
         token._link_to(parents)  # type: ignore[arg-type]
     if timeout is not None and not token._cancelled:
         token._arm(timeout, TimeoutReason(code, timeout))

@@ -75,6 +75,7 @@ class CallState:
         tool: Tool,
         hooks: HookSet,
         caller_token: CancelToken,
+        live_at_entry: bool,
         source: CancelSource,
         started: float,
         inline: bool,
@@ -84,7 +85,7 @@ class CallState:
         self.tool = tool
         self.hooks = hooks
         self.caller_token = caller_token
-        self.live_at_entry = not caller_token.cancelled
+        self.live_at_entry = live_at_entry  # read once, at entry, by the registry
         self.source = source  # the call's own source: caller + registry root (+ Ctrl-C)
         self.token = source.token
         self.started = started
@@ -293,7 +294,7 @@ class CallState:
             lambda: registry._run_body_here(tool, args, ctx),
             token,
             self.live_at_entry,
-            f"{tool.name!r} (call {self.call.call_id})",
+            self.call,
             registry._overdue_after,
         )
         self.body_run = run

@@ -110,8 +110,9 @@ class ToolRegistry:
         if overdue_after is not None and not (overdue_after > 0):
             raise ValueError("overdue_after must be positive seconds, or None to disable")
         self._overdue_after = overdue_after
-        # Guards _tools, _hooks, _hook_ids, _calls, _batches, _active, _closing, _closed. Tools
-        # and hooks are replaced copy-on-write, so calls read them without the lock.
+        # Guards _tools, _hooks, _hook_ids, _batches, _active, _closing, _closed, and the
+        # snapshots of _calls (whose single inserts and pops need no lock). Tools and hooks are
+        # replaced copy-on-write, so calls read them without the lock.
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when _active drops to 0
         self._tools: dict[str, _Entry] = {}
@@ -376,7 +377,12 @@ class ToolRegistry:
         if isinstance(admitted, ToolResult):
             return _notify(hooks.observers, admitted, on_interrupt)
         call, tool = admitted
-        if (caller.cancelled and not start_if_cancelled) or (extra is not None and extra.cancelled):
+        # Read once: "live at entry" decides both this check and the rechecks later. Reading it
+        # twice let a cancellation in between skip this check *and* the rechecks.
+        live_at_entry = not caller.cancelled
+        if (not live_at_entry and not start_if_cancelled) or (
+            extra is not None and extra.cancelled
+        ):
             aborted = entry_failure(
                 call,
                 ErrorCode.ABORTED_BEFORE_DISPATCH,
@@ -385,19 +391,18 @@ class ToolRegistry:
             )
             return _notify(hooks.observers, aborted, on_interrupt)
         source = CancelSource(caller) if extra is None else CancelSource(caller, extra)
-        state = CallState(self, call, tool, hooks, caller, source, started, inline)
+        state = CallState(self, call, tool, hooks, caller, live_at_entry, source, started, inline)
         key = id(state)
-        with self._lock:
-            self._calls[key] = state
-            closing = self._closing
-        if closing:  # close() may have listed the calls before this one: cancel it ourselves
+        # Single dict operations are atomic, and close() sets _closing before it lists the calls:
+        # either it sees this call, or this call sees _closing. No lock needed on this hot path.
+        self._calls[key] = state
+        if self._closing:  # close() may have listed the calls before this one
             source.cancel("registry closed")
         try:
             return self._run_state(state, on_interrupt)
         finally:
             source.close()
-            with self._lock:
-                del self._calls[key]
+            self._calls.pop(key, None)
 
     def _run_state(
         self, state: CallState, on_interrupt: Callable[[BaseException], None] | None
@@ -609,7 +614,8 @@ class ToolRegistry:
             )
         with self._lock:
             self._closing = True
-            sources = [state.source for state in self._calls.values()]
+            states = list(self._calls.values())  # one C-level copy: atomic w.r.t. other threads
+            sources = [state.source for state in states]
             sources.extend(self._batches.values())
         # Cancelling again is harmless (first reason wins), and it makes a close() that was
         # interrupted (Ctrl-C while waiting) finish properly when it is called again.

@@ -78,9 +78,12 @@ class ToolCall:
     def __init__(
         self, name: str, arguments: Mapping[str, Any] | None = None, call_id: str | None = None
     ) -> None:
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "arguments", {} if arguments is None else arguments)
-        object.__setattr__(self, "call_id", new_call_id() if call_id is None else call_id)
+        # One dict update instead of three frozen-dataclass setattr calls: this is a hot path.
+        self.__dict__.update(
+            name=name,
+            arguments={} if arguments is None else arguments,
+            call_id=new_call_id() if call_id is None else call_id,
+        )
 
     def __repr__(self) -> str:
         return f"ToolCall({self.name!r}, {self.arguments!r}, call_id={self.call_id!r})"
@@ -89,9 +92,7 @@ class ToolCall:
 def frozen_call(name: str, arguments: Mapping[str, Any] | None, call_id: str) -> ToolCall:
     """A ToolCall holding exactly `arguments` (None when they could not be materialized)."""
     call = ToolCall.__new__(ToolCall)
-    object.__setattr__(call, "name", name)
-    object.__setattr__(call, "arguments", arguments)
-    object.__setattr__(call, "call_id", call_id)
+    call.__dict__.update(name=name, arguments=arguments, call_id=call_id)
     return call
 
 

@@ -157,36 +157,68 @@ def scrubbed_env() -> dict[str, str]:
 
 @overload
 def run(
-    args: _Command, *, token: CancelToken, timeout: float | None = None, grace: float = 2.0,
-    input: bytes | None = None, cwd: _Path | None = None, env: Mapping[str, str] | None = None,
-    capture_output: bool = True, text: Literal[False] = False, check: bool = False,
+    args: _Command,
+    *,
+    token: CancelToken,
+    timeout: float | None = None,
+    grace: float = 2.0,
+    input: bytes | None = None,
+    cwd: _Path | None = None,
+    env: Mapping[str, str] | None = None,
+    capture_output: bool = True,
+    text: Literal[False] = False,
+    check: bool = False,
     max_output: int | None = None,
 ) -> ProcessResult[bytes]: ...
 
 
 @overload
 def run(
-    args: _Command, *, token: CancelToken, timeout: float | None = None, grace: float = 2.0,
-    input: str | None = None, cwd: _Path | None = None, env: Mapping[str, str] | None = None,
-    capture_output: bool = True, text: Literal[True], check: bool = False,
+    args: _Command,
+    *,
+    token: CancelToken,
+    timeout: float | None = None,
+    grace: float = 2.0,
+    input: str | None = None,
+    cwd: _Path | None = None,
+    env: Mapping[str, str] | None = None,
+    capture_output: bool = True,
+    text: Literal[True],
+    check: bool = False,
     max_output: int | None = None,
 ) -> ProcessResult[str]: ...
 
 
 @overload
 def run(
-    args: _Command, *, token: CancelToken, timeout: float | None = None, grace: float = 2.0,
-    input: bytes | str | None = None, cwd: _Path | None = None,
-    env: Mapping[str, str] | None = None, capture_output: bool = True, text: bool,
-    check: bool = False, max_output: int | None = None,
+    args: _Command,
+    *,
+    token: CancelToken,
+    timeout: float | None = None,
+    grace: float = 2.0,
+    input: bytes | str | None = None,
+    cwd: _Path | None = None,
+    env: Mapping[str, str] | None = None,
+    capture_output: bool = True,
+    text: bool,
+    check: bool = False,
+    max_output: int | None = None,
 ) -> ProcessResult[Any]: ...
 
 
 def run(
-    args: _Command, *, token: CancelToken, timeout: float | None = None, grace: float = 2.0,
-    input: bytes | str | None = None, cwd: _Path | None = None,
-    env: Mapping[str, str] | None = None, capture_output: bool = True, text: bool = False,
-    check: bool = False, max_output: int | None = None,
+    args: _Command,
+    *,
+    token: CancelToken,
+    timeout: float | None = None,
+    grace: float = 2.0,
+    input: bytes | str | None = None,
+    cwd: _Path | None = None,
+    env: Mapping[str, str] | None = None,
+    capture_output: bool = True,
+    text: bool = False,
+    check: bool = False,
+    max_output: int | None = None,
 ) -> ProcessResult[Any]:
     """Run ``args`` to completion, or until ``token`` is cancelled or ``timeout`` expires.
 
@@ -248,7 +280,10 @@ def run(
 
 
 def _spawner(
-    command: _Command, stdin_data: bytes | None, capture_output: bool, cwd: _Path | None,
+    command: _Command,
+    stdin_data: bytes | None,
+    capture_output: bool,
+    cwd: _Path | None,
     env: Mapping[str, str] | None,
 ) -> Callable[[], subprocess.Popen[bytes]]:
     output = subprocess.PIPE if capture_output else None
@@ -466,7 +501,8 @@ class _Supervision:
             self._pidfd = os.pidfd_open(self.child.pid)
         except (AttributeError, OSError):  # not Linux >= 5.3, or a sandbox forbids it
             self._watcher = threading.Thread(
-                target=self._wait_for_exit, name=f"toolreg-process-{self.child.pid}",
+                target=self._wait_for_exit,
+                name=f"toolreg-process-{self.child.pid}",
                 daemon=True,  # a leader stuck in the kernel must not block interpreter exit
             )
             self._watcher.start()
@@ -574,7 +610,12 @@ def _check_platform() -> None:
 
 
 def _check_arguments(
-    args: _Command, token: object, timeout: object, grace: object, input: object, text: bool,
+    args: _Command,
+    token: object,
+    timeout: object,
+    grace: object,
+    input: object,
+    text: bool,
 ) -> tuple[_Command, bytes | None, float | None]:
     if not isinstance(token, CancelToken):
         hint = " (pass source.token)" if hasattr(token, "token") else ""
@@ -631,8 +672,15 @@ def _not_started(
 ) -> ProcessResult[Any]:
     empty = b"" if capture_output else None
     return _build(
-        text, empty, empty, args=command, returncode=None, signal=None, cancelled=True,
-        timed_out=False, duration=time.monotonic() - started,
+        text,
+        empty,
+        empty,
+        args=command,
+        returncode=None,
+        signal=None,
+        cancelled=True,
+        timed_out=False,
+        duration=time.monotonic() - started,
     )
 
 
