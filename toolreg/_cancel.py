@@ -14,27 +14,26 @@ Design rules (each one answers a known trap, see PITFALLS.md):
   and correctness never depends on the garbage collector.
 * `token.cancelled` is a plain attribute read. Critical sections allocate no garbage-collected
   object (a collection there could run a finalizer that needs the same lock) and never call user
-  code; our finalizers (`_TimerEntry._died`) never take a lock.
-* One shared daemon timer thread serves every deadline in the process.
+  code; our finalizers (`TimerEntry._died`) never take a lock.
+* One shared daemon timer thread serves every deadline in the process (`_timer`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import heapq
 import itertools
 import logging
 import math
-import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from typing_extensions import Self
+
+from ._timer import Timer, TimerEntry
 
 __all__ = [
     "CancelSource",
@@ -218,7 +217,7 @@ class CancelToken:
     _sweep_at: int  # size of _children that triggers a sweep of collected children
     _links: list[tuple[CancelToken, weakref.ref[CancelToken]]] | None  # our place in parents
     _event: threading.Event | None  # created for the first waiter only
-    _timer: _TimerEntry | None
+    _timer: TimerEntry | None
 
     def __init__(self) -> None:
         raise TypeError("CancelToken cannot be created directly: use CancelSource().token")
@@ -596,120 +595,6 @@ def timeout_of(token_or_reason: object, code: str | None = None) -> TimeoutReaso
     return None
 
 
-class _TimerEntry(weakref.ref):  # type: ignore[type-arg]
-    """A scheduled deadline; holds its token weakly so a dropped source can be collected."""
-
-    __slots__ = ("dead", "reason")
-    dead: bool  # never re-armed; written without a lock, read by the timer thread
-    reason: TimeoutReason
-
-    # weakref.ref.__init__ accepts and ignores the same two arguments, so no __init__ is needed.
-    def __new__(cls, token: CancelToken, reason: TimeoutReason) -> Self:
-        self = weakref.ref.__new__(cls, token, _TimerEntry._died)
-        self.reason = reason
-        self.dead = False
-        return self
-
-    def disarm(self) -> None:
-        if not self.dead:
-            self.dead = True
-            _TIMER.dead_count += 1
-
-    @staticmethod
-    def _died(entry: weakref.ref[Any]) -> None:
-        # A finalizer: no lock (see module docstring). The count only paces heap compaction.
-        assert isinstance(entry, _TimerEntry)
-        entry.disarm()
-
-
-class _Timer:
-    """The process-wide timer: one daemon thread and a heap of deadlines."""
-
-    def __init__(self) -> None:
-        self._reset()
-        os.register_at_fork(after_in_child=self._after_fork)
-
-    def _reset(self) -> None:
-        # Guards _heap and _thread. No GC-sensitive work is done while holding it beyond heap
-        # pushes; finalizers never take it.
-        self._cond = threading.Condition(threading.Lock())
-        self._heap: list[tuple[float, int, _TimerEntry]] = []
-        self._thread: threading.Thread | None = None
-        self.dead_count = 0  # approximate number of disarmed entries still in the heap
-
-    def _after_fork(self) -> None:
-        # The thread did not survive fork(); keep the deadlines and serve them with a new one.
-        heap = self._heap
-        self._reset()
-        self._heap = heap
-        if heap:
-            self._start()
-
-    def schedule(self, token: CancelToken, seconds: float, reason: TimeoutReason) -> _TimerEntry:
-        entry = _TimerEntry(token, reason)
-        item = (time.monotonic() + seconds, _next_key(), entry)
-        with self._cond:
-            heap = self._heap
-            if self.dead_count > 64 and self.dead_count * 2 > len(heap):
-                _drop_dead(heap)  # in place: nothing allocated while the lock is held
-                self.dead_count = 0
-            heapq.heappush(heap, item)
-            if heap[0] is item:
-                self._cond.notify()
-            if self._thread is None:
-                self._start()
-        return entry
-
-    def _start(self) -> None:
-        thread = threading.Thread(target=self._serve, name="toolreg-timer", daemon=True)
-        self._thread = thread
-        thread.start()
-
-    def _next_due(self) -> _TimerEntry:
-        with self._cond:
-            heap = self._heap
-            while True:
-                while heap and heap[0][2].dead:
-                    heapq.heappop(heap)
-                if not heap:
-                    self._cond.wait()
-                    continue
-                delay = heap[0][0] - time.monotonic()
-                if delay <= 0:
-                    return heapq.heappop(heap)[2]
-                self._cond.wait(min(delay, _MAX_TIMER_WAIT))  # a far deadline: wake and re-check
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                entry = self._next_due()
-            except Exception:  # never let the shared timer die; log and keep serving
-                logger.exception("toolreg: the shared timer failed to wait; retrying")
-                continue
-            token = entry()
-            if token is None or entry.dead:
-                continue
-            entry.dead = True
-            try:
-                _cancel(token, entry.reason, from_timer=True)
-            except BaseException:  # the shared timer must survive anything a callback does
-                logger.exception("toolreg: a deadline's cancellation raised")
-            del token
-
-
-def _drop_dead(heap: list[tuple[float, int, _TimerEntry]]) -> None:
-    kept = 0
-    for index in range(len(heap)):
-        if not heap[index][2].dead:
-            heap[kept] = heap[index]
-            kept += 1
-    del heap[kept:]
-    heapq.heapify(heap)
-
-
-_MAX_TIMER_WAIT = 3600.0  # seconds; Condition.wait overflows on very long timeouts
-
-
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
     """No cyclic collection inside: a collection runs finalizers, which might need our lock.
@@ -736,4 +621,9 @@ _gc_pause_lock = threading.Lock()  # guards _gc_pauses and _gc_was_enabled
 _gc_pauses = 0
 _gc_was_enabled = False
 
-_TIMER = _Timer()
+
+def _fire(token: CancelToken, reason: TimeoutReason) -> None:
+    _cancel(token, reason, from_timer=True)
+
+
+_TIMER = Timer(_fire)
