@@ -117,15 +117,24 @@ def test_tool_decorator_returns_the_function_unchanged_with_name_and_docstring(
 def test_tool_decorator_options_override_name_and_description(registry: ToolRegistry) -> None:
     schema = {"type": "object", "properties": {"q": {"type": "string"}}}
 
-    @registry.tool(name="find", description="Find things", parameters=schema, timeout=2.5,
-                   concurrency_safe=True)
+    @registry.tool(
+        name="find",
+        description="Find things",
+        parameters=schema,
+        timeout=2.5,
+        concurrency_safe=True,
+    )
     def anything(args: Args, ctx: ToolContext) -> str:
         return "found"
 
     tool = registry.get("find")
     assert tool is not None
     assert (tool.name, tool.description, tool.timeout, tool.concurrency_safe) == (
-        "find", "Find things", 2.5, True)
+        "find",
+        "Find things",
+        2.5,
+        True,
+    )
     assert dict(tool.parameters or {}) == schema
     assert registry.get("anything") is None
 
@@ -210,8 +219,13 @@ def test_tool_is_a_frozen_dataclass() -> None:
     tool = Tool("echo", echo)
     with pytest.raises(dataclasses.FrozenInstanceError):
         tool.name = "other"  # type: ignore[misc]
-    assert (tool.description, tool.parameters, tool.timeout, tool.concurrency_safe,
-            tool.render) == ("", None, None, False, None)
+    assert (
+        tool.description,
+        tool.parameters,
+        tool.timeout,
+        tool.concurrency_safe,
+        tool.render,
+    ) == ("", None, None, False, None)
 
 
 # == catalog ==================================================================================
@@ -470,8 +484,22 @@ def _nested(levels: int) -> dict[str, Any]:
         ["not", "a", "mapping"],
         "not a mapping",
     ],
-    ids=["set", "object", "nan", "inf", "nested-inf", "int-key", "tuple-key", "bytes",
-         "list-cycle", "dict-cycle", "depth-65", "depth-10000", "list", "str"],
+    ids=[
+        "set",
+        "object",
+        "nan",
+        "inf",
+        "nested-inf",
+        "int-key",
+        "tuple-key",
+        "bytes",
+        "list-cycle",
+        "dict-cycle",
+        "depth-65",
+        "depth-10000",
+        "list",
+        "str",
+    ],
 )
 def test_non_json_arguments_are_invalid_args_before_any_hook(
     registry: ToolRegistry, observed: Observed, arguments: Any
@@ -556,8 +584,12 @@ def test_schema_with_arrays_validates_arguments_given_as_tuples(registry: ToolRe
     schema = {
         "type": "object",
         "properties": {
-            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2,
-                     "uniqueItems": True},
+            "tags": {
+                "type": "array",
+                "items": {"type": "string"},
+                "minItems": 2,
+                "uniqueItems": True,
+            },
             "pairs": {"type": "array", "items": {"type": "array", "maxItems": 2}},
             "exact": {"const": [1, [2]]},
         },
@@ -642,8 +674,20 @@ def test_misuse_of_execute_raises_type_error(
 
 @pytest.mark.parametrize(
     "value",
-    ["plain text", "", "ünïcode ✓", {"k": "ü", "n": [1, 2.5, None, True]}, [1, "two"], 42,
-     -7, 2.5, None, True, False, (1, 2)],
+    [
+        "plain text",
+        "",
+        "ünïcode ✓",
+        {"k": "ü", "n": [1, 2.5, None, True]},
+        [1, "two"],
+        42,
+        -7,
+        2.5,
+        None,
+        True,
+        False,
+        (1, 2),
+    ],
 )
 def test_content_is_a_str_as_is_else_json_without_ascii_escapes(
     registry: ToolRegistry, value: Any
@@ -722,7 +766,11 @@ def test_success_and_failure_builders() -> None:
     call = ToolCall("t", {})
     success = ToolResult.success(call, {"k": "é"}, contexts=["c"])  # type: ignore[arg-type]
     assert (success.ok, success.value, success.error, success.contexts) == (
-        True, {"k": "é"}, None, ("c",))
+        True,
+        {"k": "é"},
+        None,
+        ("c",),
+    )
     assert success.content == '{"k": "é"}'
     assert ToolResult.success(call, "text").content == "text"
     failure = ToolResult.failure(call, "DENIED", "not allowed", contexts=("c",))
@@ -747,8 +795,16 @@ def test_failure_content_follows_section_5(code: ErrorCode, content: str) -> Non
 
 
 def test_error_codes_equal_their_names() -> None:
-    names = ["ABORTED", "ABORTED_BEFORE_DISPATCH", "TOOL_TIMEOUT", "UNKNOWN_TOOL",
-             "INVALID_ARGS", "DENIED", "TOOL_ERROR", "HOOK_ERROR"]
+    names = [
+        "ABORTED",
+        "ABORTED_BEFORE_DISPATCH",
+        "TOOL_TIMEOUT",
+        "UNKNOWN_TOOL",
+        "INVALID_ARGS",
+        "DENIED",
+        "TOOL_ERROR",
+        "HOOK_ERROR",
+    ]
     assert sorted(member.name for member in ErrorCode) == sorted(names)
     for name in names:
         member = getattr(ErrorCode, name)
@@ -787,8 +843,7 @@ def _aborted_before(registry: ToolRegistry) -> ToolResult[Any]:
 
 @pytest.mark.parametrize(
     ("scenario", "dispatched"),
-    [(_entry_failure, False), (_wrapper_made, False), (_post_made, True),
-     (_aborted_before, False)],
+    [(_entry_failure, False), (_wrapper_made, False), (_post_made, True), (_aborted_before, False)],
 )
 def test_registry_sets_call_dispatched_and_duration_on_every_final_result(
     registry: ToolRegistry,
@@ -864,10 +919,12 @@ def test_hooks_registered_during_a_call_serve_only_later_calls(registry: ToolReg
         journal(("first", call.call_id))
         if not late:
             late.append(registry.add_pre_execute(lambda c, t: journal(("late-pre", c.call_id))))
-            late.append(registry.add_around(
-                lambda d, p: journal(("late-around", d.call.call_id)) or p()))
-            late.append(registry.add_post_execute(
-                lambda r, t: journal(("late-post", r.call.call_id))))
+            late.append(
+                registry.add_around(lambda d, p: journal(("late-around", d.call.call_id)) or p())
+            )
+            late.append(
+                registry.add_post_execute(lambda r, t: journal(("late-post", r.call.call_id)))
+            )
             late.append(registry.on_result(lambda r: journal(("late-observer", r.call.call_id))))
             late.append(registry.add_guard(lambda c: journal(("late-guard", c.call_id))))
 
@@ -875,9 +932,14 @@ def test_hooks_registered_during_a_call_serve_only_later_calls(registry: ToolReg
     one = registry.execute(ToolCall("work", call_id="one"))
     assert journal.entries == [("first", "one")]
     registry.execute(ToolCall("work", call_id="two"))
-    assert journal.entries[1:] == [("first", "two"), ("late-pre", "two"), ("late-guard", "two"),
-                                   ("late-around", "two"), ("late-post", "two"),
-                                   ("late-observer", "two")]
+    assert journal.entries[1:] == [
+        ("first", "two"),
+        ("late-pre", "two"),
+        ("late-guard", "two"),
+        ("late-around", "two"),
+        ("late-post", "two"),
+        ("late-observer", "two"),
+    ]
     assert one.ok
 
 
@@ -943,8 +1005,15 @@ def test_wrappers_nest_in_registration_order_first_outermost(registry: ToolRegis
     for label in ("a", "b", "c"):
         registry.add_around(make(label))
     assert registry.execute("work").ok
-    assert journal.entries == ["a before", "b before", "c before", "body", "c after", "b after",
-                               "a after"]
+    assert journal.entries == [
+        "a before",
+        "b before",
+        "c before",
+        "body",
+        "c after",
+        "b after",
+        "a after",
+    ]
 
 
 def test_proceed_again_reruns_the_rest_of_the_chain_and_joins_each_body(
@@ -978,8 +1047,14 @@ def test_proceed_again_reruns_the_rest_of_the_chain_and_joins_each_body(
     result = registry.execute("flaky")
     assert result.ok
     assert result.dispatched
-    assert journal.entries == ["inner", "body 1 returned", "retry saw TOOL_ERROR",
-                               "inner", "body 2 returned", "retry saw None"]
+    assert journal.entries == [
+        "inner",
+        "body 1 returned",
+        "retry saw TOOL_ERROR",
+        "inner",
+        "body 2 returned",
+        "retry saw None",
+    ]
 
 
 def test_proceed_never_raises_inner_failures_come_back_as_results(
@@ -1015,7 +1090,11 @@ def test_wrapper_may_answer_without_running_the_body(registry: ToolRegistry) -> 
     )
     result = registry.execute("work")
     assert (result.ok, result.value, result.contexts, result.dispatched) == (
-        True, "cached", ("cache",), False)
+        True,
+        "cached",
+        ("cache",),
+        False,
+    )
     assert starts == []
 
 
@@ -1148,8 +1227,12 @@ def test_hook_exception_becomes_hook_error_with_the_exception(
         raise boom
 
     counting_tool(registry)
-    {"pre": registry.add_pre_execute, "guard": registry.add_guard,
-     "around": registry.add_around, "post": registry.add_post_execute}[kind](fail)
+    {
+        "pre": registry.add_pre_execute,
+        "guard": registry.add_guard,
+        "around": registry.add_around,
+        "post": registry.add_post_execute,
+    }[kind](fail)
     result = registry.execute("work")
     assert result.code == ErrorCode.HOOK_ERROR
     assert result.error.exception is boom  # type: ignore[union-attr]
@@ -1165,8 +1248,12 @@ def test_hook_raising_cancelled_while_the_token_is_live_is_a_hook_error(
         raise Cancelled("not ours")
 
     counting_tool(registry)
-    {"pre": registry.add_pre_execute, "guard": registry.add_guard,
-     "around": registry.add_around, "post": registry.add_post_execute}[kind](fail)
+    {
+        "pre": registry.add_pre_execute,
+        "guard": registry.add_guard,
+        "around": registry.add_around,
+        "post": registry.add_post_execute,
+    }[kind](fail)
     assert registry.execute("work", token=CancelSource().token).code == ErrorCode.HOOK_ERROR
 
 
@@ -1184,8 +1271,12 @@ def test_hook_raising_cancelled_once_the_call_is_cancelled_is_cancellation(
         raise Cancelled("stop")
 
     counting_tool(registry)
-    {"pre": registry.add_pre_execute, "guard": registry.add_guard,
-     "around": registry.add_around, "post": registry.add_post_execute}[kind](give_up)
+    {
+        "pre": registry.add_pre_execute,
+        "guard": registry.add_guard,
+        "around": registry.add_around,
+        "post": registry.add_post_execute,
+    }[kind](give_up)
     assert registry.execute("work", token=caller.token).code == code
 
 
@@ -1228,8 +1319,9 @@ def test_approver_is_called_once_with_the_first_asks_reason(registry: ToolRegist
     registry.add_pre_execute(lambda call, token: hook_tokens.append(token) or Ask("first"))
     registry.add_pre_execute(lambda call, token: Allow())
     registry.add_pre_execute(lambda call, token: Ask("second"))
-    registry.set_approver(lambda call, reason, token: calls.append((call.name, reason, token))
-                          or True)
+    registry.set_approver(
+        lambda call, reason, token: calls.append((call.name, reason, token)) or True
+    )
     assert registry.execute("work").ok
     assert [(name, reason) for name, reason, _ in calls] == [("work", "first")]
     assert calls[0][2] is hook_tokens[0]  # the call's token
@@ -1310,8 +1402,11 @@ def test_post_hook_may_turn_a_success_into_a_failure_and_none_keeps_it(
     seen: list[Any] = []
     registry.add_post_execute(lambda result, token: seen.append(result.value))
     registry.add_post_execute(
-        lambda result, token: ToolResult.failure(result.call, "TOOL_ERROR", "output rejected")
-        if result.value.get("secret") else None
+        lambda result, token: (
+            ToolResult.failure(result.call, "TOOL_ERROR", "output rejected")
+            if result.value.get("secret")
+            else None
+        )
     )
     registry.add_post_execute(lambda result, token: seen.append(result.code))
     assert registry.execute("echo", {"secret": False}).ok
@@ -1397,8 +1492,9 @@ def test_post_hooks_see_outcomes_denials_and_aborts_but_not_entry_or_registry_er
 ) -> None:
     counting_tool(registry)
     registry.tool(name="fail")(lambda args, ctx: 1 / 0)
-    registry.register(Tool("typed", echo, parameters={
-        "type": "object", "properties": {"n": {"type": "integer"}}}))
+    registry.register(
+        Tool("typed", echo, parameters={"type": "object", "properties": {"n": {"type": "integer"}}})
+    )
     post_saw: list[ErrorCode | None] = []
     registry.add_post_execute(lambda result, token: post_saw.append(result.code))
     result = scenario(registry)
@@ -1444,8 +1540,14 @@ def test_observer_exceptions_are_logged_not_raised(
 
 
 def test_hooks_are_checked_callable_at_registration(registry: ToolRegistry) -> None:
-    for add in (registry.add_pre_execute, registry.add_guard, registry.add_around,
-                registry.add_post_execute, registry.on_result, registry.set_approver):
+    for add in (
+        registry.add_pre_execute,
+        registry.add_guard,
+        registry.add_around,
+        registry.add_post_execute,
+        registry.on_result,
+        registry.set_approver,
+    ):
         with pytest.raises(TypeError, match="callable"):
             add("not callable")  # type: ignore[arg-type]
 
@@ -1632,8 +1734,12 @@ def test_nested_call_runs_its_own_hooks_and_inherits_the_parent_calls_token(
     caller.cancel("stop")
     result = call.join()
     assert result.code == ABORTED
-    assert journal.entries == [("pre", "parent"), ("pre", "child"), ("child saw cancel", True),
-                               ("nested", ABORTED)]
+    assert journal.entries == [
+        ("pre", "parent"),
+        ("pre", "child"),
+        ("child saw cancel", True),
+        ("nested", ABORTED),
+    ]
     assert [r.call.name for r in observed.results] == ["child", "parent"]
 
 
@@ -1748,8 +1854,7 @@ def test_close_leaves_the_callers_token_alone(registry: ToolRegistry) -> None:
 
 def test_in_flight_snapshots_each_held_call_with_its_stage() -> None:
     with open_registry(max_workers=2) as registry:
-        gates = {stage: Gate() for stage in ("pre_execute", "approval", "guards", "around",
-                                             "body")}
+        gates = {stage: Gate() for stage in ("pre_execute", "approval", "guards", "around", "body")}
 
         def pre(call: ToolCall, token: CancelToken) -> Ask | None:
             if call.call_id == "pre_execute":
@@ -1782,8 +1887,13 @@ def test_in_flight_snapshots_each_held_call_with_its_stage() -> None:
         assert registry.in_flight() == []
         callers = []
         for stage, gate in gates.items():
-            callers.append(Caller(lambda stage=stage: registry.execute(  # type: ignore[misc]
-                ToolCall("work", call_id=stage))))
+            callers.append(
+                Caller(
+                    lambda stage=stage: registry.execute(  # type: ignore[misc]
+                        ToolCall("work", call_id=stage)
+                    )
+                )
+            )
             gate.wait_reached()
         snapshot = registry.in_flight()
         assert [(c.call.call_id, c.stage) for c in snapshot] == [(s, s) for s in gates]
@@ -1867,12 +1977,14 @@ def test_uncooperative_body_logs_exactly_one_overdue_warning_naming_it(
             return "late"
 
         def overdue() -> list[logging.LogRecord]:
-            return [r for r in caplog.records
-                    if r.name == "toolreg" and r.levelno == logging.WARNING]
+            return [
+                r for r in caplog.records if r.name == "toolreg" and r.levelno == logging.WARNING
+            ]
 
         caller = CancelSource()
-        call = Caller(lambda: registry.execute(ToolCall("stubborn", call_id="call-42"),
-                                               token=caller.token))
+        call = Caller(
+            lambda: registry.execute(ToolCall("stubborn", call_id="call-42"), token=caller.token)
+        )
         assert started.wait(WAIT)
         caller.cancel("stop")
         wait_until(lambda: bool(overdue()), "the overdue warning")
@@ -1920,8 +2032,10 @@ def test_pre_aborted_uncooperative_body_also_gets_the_overdue_warning(
             return "late"
 
         def warned() -> bool:
-            return any(r.levelno == logging.WARNING and "stubborn" in r.getMessage()
-                       for r in caplog.records)
+            return any(
+                r.levelno == logging.WARNING and "stubborn" in r.getMessage()
+                for r in caplog.records
+            )
 
         caller = CancelSource()
         caller.cancel("before the call")
@@ -2218,3 +2332,33 @@ def test_concurrent_calls_leave_nothing_on_a_shared_caller_token() -> None:
         for caller in callers:
             assert all(result.ok for result in caller.join())
         assert holds_nothing(session.token)
+
+
+def test_each_stage_is_logged_at_debug_and_nothing_below_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with toolreg.ToolRegistry(max_workers=1) as registry:
+        registry.add_pre_execute(lambda call, token: None)
+        registry.add_around(lambda dispatch, proceed: proceed())
+        registry.register(toolreg.Tool("t", lambda args, ctx: "ok"))
+        with caplog.at_level(logging.INFO, logger="toolreg"):
+            registry.execute(toolreg.ToolCall("t", call_id="quiet"))
+        assert [r for r in caplog.records if "quiet" in r.getMessage()] == []
+        with caplog.at_level(logging.DEBUG, logger="toolreg"):
+            registry.execute(toolreg.ToolCall("t", call_id="loud"))
+    stages = [
+        r.getMessage().split(": ")[2].split(" ")[0]
+        for r in caplog.records
+        if "loud" in r.getMessage() and r.levelno == logging.DEBUG
+    ]
+    assert stages == [
+        "pre_execute",
+        "guards",
+        "around",
+        "dispatch",
+        "body",
+        "after_body",
+        "post_execute",
+        "observers",
+    ]
+    assert not logging.getLogger("toolreg").handlers  # the library adds no handlers

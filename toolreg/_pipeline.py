@@ -51,6 +51,7 @@ class CallState:
         "body_run",
         "call",
         "caller_token",
+        "debug",
         "dispatched",
         "hook_error",
         "hooks",
@@ -93,10 +94,23 @@ class CallState:
         self.dispatched = False
         self.proceeds: _Proceeds | None = None  # proceed() calls in flight (with wrappers only)
         self.stage = "entry"
+        self.debug = logger.isEnabledFor(logging.DEBUG)  # one cheap check per call
         self.interrupted: BaseException | None = None
         self.hook_error: ToolResult[Any] | None = None  # a registry-made HOOK_ERROR
         self.body_run: BodyRun | None = None  # the latest start of the body
         self.own_result: ToolResult[Any] | None = None  # a result no user code has seen yet
+
+    def at(self, stage: str) -> None:
+        """Enter a stage (shown by `in_flight()`; logged at DEBUG when enabled)."""
+        self.stage = stage
+        if self.debug:
+            logger.debug(
+                "toolreg: %s %s: %s (token %s)",
+                self.call.name,
+                self.call.call_id,
+                stage,
+                "cancelled" if self.token.cancelled else "live",
+            )
 
     # -- results ---------------------------------------------------------------------------------
 
@@ -151,7 +165,7 @@ class CallState:
         if result is None:
             if self.hooks.around:
                 dispatch = Dispatch(self.call, self.tool, self.caller_token, self.token)
-                self.stage = "around"
+                self.at("around")
                 self.proceeds = _Proceeds()
                 result = self.proceed(0, dispatch)
                 self._end_wrappers()
@@ -181,7 +195,7 @@ class CallState:
 
     def _pre_execute(self) -> ToolResult[Any] | Ask | None:
         first_ask: Ask | None = None
-        self.stage = "pre_execute"
+        self.at("pre_execute")
         for hook in self.hooks.pre_execute:
             try:
                 decision: object = hook(self.call, self.token)
@@ -201,7 +215,7 @@ class CallState:
         approver = self.hooks.approver
         if approver is None:
             return self._denied(ask.reason)
-        self.stage = "approval"
+        self.at("approval")
         try:
             approved = approver(self.call, ask.reason, self.token)
         except INTERRUPTS as exc:
@@ -219,7 +233,7 @@ class CallState:
         return None if approved is True else self._denied(ask.reason)
 
     def _guards(self) -> ToolResult[Any] | None:
-        self.stage = "guards"
+        self.at("guards")
         for guard in self.hooks.guards:
             try:
                 verdict: object = guard(self.call)
@@ -270,7 +284,7 @@ class CallState:
         return result
 
     def _body(self, dispatch: Dispatch) -> ToolResult[Any]:
-        self.stage = "dispatch"
+        self.at("dispatch")
         wrapper_token: object = dispatch.token
         fused = None
         token = self.token
@@ -320,7 +334,7 @@ class CallState:
 
     def _start_and_join(self, run: BodyRun) -> str | None:
         """Run the body inline or on the executor and join it; a problem message, or None."""
-        self.stage = "body"
+        self.at("body")
         if run.settled:  # a canceller claimed it while we registered: it never starts
             return None
         if self.inline:
@@ -338,7 +352,7 @@ class CallState:
         if not run.started:
             return self.aborted()
         self.dispatched = True
-        self.stage = "after_body"
+        self.at("after_body")
         error = run.error
         if error is None:
             return self._success(run.value, run.live_on_return, contexts)
@@ -383,7 +397,7 @@ class CallState:
     # -- after the wrappers ----------------------------------------------------------------------
 
     def post_execute(self, result: ToolResult[Any]) -> ToolResult[Any]:
-        self.stage = "post_execute"
+        self.at("post_execute")
         for hook in self.hooks.post_execute:
             try:
                 replaced: object = hook(result, self.token)
@@ -422,7 +436,7 @@ class CallState:
 
     def notify(self, result: ToolResult[Any]) -> None:
         """Each observer sees the final result once; exceptions are logged, never raised."""
-        self.stage = "observers"
+        self.at("observers")
         for observer in self.hooks.observers:
             try:
                 observer(result)
