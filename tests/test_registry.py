@@ -2362,3 +2362,41 @@ def test_each_stage_is_logged_at_debug_and_nothing_below_it(
         "observers",
     ]
     assert not logging.getLogger("toolreg").handlers  # the library adds no handlers
+
+
+def test_a_finalizer_removing_a_hook_during_registration_does_not_deadlock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: hook and tool sets were rebuilt while holding the registry lock; a cyclic
+    collection triggered by those allocations ran finalizers, and one that removed a
+    registration took the same lock: a self-deadlock. Sets are now built outside the lock.
+    The collection is forced exactly where the hook set is rebuilt."""
+    registry = toolreg.ToolRegistry(max_workers=1)
+    removed: list[bool] = []
+
+    class Owner:
+        def __init__(self) -> None:
+            self.cycle = self
+            self.registration = registry.add_guard(lambda call: None)
+
+        def __del__(self) -> None:
+            removed.append(self.registration.remove())
+
+    rebuild = dataclasses.replace
+
+    def rebuild_with_a_collection(*args: Any, **kwargs: Any) -> Any:
+        gc.collect()  # what an allocation can trigger at any moment
+        return rebuild(*args, **kwargs)
+
+    def register() -> None:
+        Owner()  # cyclic garbage whose finalizer needs the registry
+        monkeypatch.setattr(toolreg._registry.dataclasses, "replace", rebuild_with_a_collection)
+        registry.add_pre_execute(lambda call, token: None)
+
+    worker = threading.Thread(target=register, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "deadlocked: a finalizer waited for the registry lock"
+    monkeypatch.undo()
+    assert removed == [True]
+    registry.close()

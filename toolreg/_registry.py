@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
 import logging
 import threading
@@ -110,14 +111,13 @@ class ToolRegistry:
         if overdue_after is not None and not (overdue_after > 0):
             raise ValueError("overdue_after must be positive seconds, or None to disable")
         self._overdue_after = overdue_after
-        # Guards _tools, _hooks, _hook_ids, _batches, _active, _closing, _closed, and the
+        # Guards the swaps of _tools and _hooks, and _batches, _active, _closing, _closed, and the
         # snapshots of _calls (whose single inserts and pops need no lock). Tools and hooks are
         # replaced copy-on-write, so calls read them without the lock.
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when _active drops to 0
         self._tools: dict[str, _Entry] = {}
         self._hooks = HookSet()
-        self._hook_ids: dict[str, tuple[int, ...]] = {}
         self._calls: dict[int, CallState] = {}
         self._batches: dict[int, CancelSource] = {}
         self._active = 0
@@ -134,20 +134,27 @@ class ToolRegistry:
             raise TypeError(f"register() takes a Tool, got {type(tool).__name__}")
         schema, validator = compile_schema(tool)
         entry = _Entry(tool, schema, validator, inspect.iscoroutinefunction(tool.fn))
-        with self._lock:
-            if tool.name in self._tools:
+        while True:  # copy-on-write: build outside the lock, swap under it if nothing changed
+            current = self._tools
+            if tool.name in current:
                 raise ValueError(f"a tool named {tool.name!r} is already registered")
-            self._tools = {**self._tools, tool.name: entry}
+            tools = {**current, tool.name: entry}
+            with self._lock:
+                if self._tools is current:
+                    self._tools = tools
+                    break
         return HookRegistration(lambda: self._unregister(entry))
 
     def _unregister(self, entry: _Entry) -> bool:
-        with self._lock:
-            if self._tools.get(entry.tool.name) is not entry:
+        while True:
+            current = self._tools
+            if current.get(entry.tool.name) is not entry:
                 return False
-            tools = dict(self._tools)
-            del tools[entry.tool.name]
-            self._tools = tools
-            return True
+            tools = {name: kept for name, kept in current.items() if kept is not entry}
+            with self._lock:
+                if self._tools is current:
+                    self._tools = tools
+                    return True
 
     @overload
     def tool(
@@ -246,17 +253,36 @@ class ToolRegistry:
     def set_approver(self, approver: Approver) -> Registration:
         """`approver(call, reason, token) -> bool`; replaces any previous approver."""
         _check_callable(approver, "approver")
-        with self._lock:
-            self._hooks = dataclasses.replace(self._hooks, approver=approver)
+        self._swap_hooks(lambda hooks: dataclasses.replace(hooks, approver=approver))
 
         def undo() -> bool:
-            with self._lock:
-                if self._hooks.approver is not approver:
-                    return False
-                self._hooks = dataclasses.replace(self._hooks, approver=None)
-                return True
+            replaced = self._swap_hooks(
+                lambda hooks: (
+                    dataclasses.replace(hooks, approver=None)
+                    if hooks.approver is approver
+                    else None
+                )
+            )
+            return replaced
 
         return HookRegistration(undo)
+
+    def _swap_hooks(self, change: Callable[[HookSet], HookSet | None]) -> bool:
+        """Replace the hook set with `change(current)` (None: no change); False if none.
+
+        The new set is built outside the lock and swapped in only if nobody changed the set
+        meanwhile: no allocation under the lock, so a garbage collection (which may run a
+        finalizer that removes a registration) can never run while we hold it.
+        """
+        while True:
+            current = self._hooks
+            changed = change(current)
+            if changed is None:
+                return False
+            with self._lock:
+                if self._hooks is current:
+                    self._hooks = changed
+                    return True
 
     def add_guard(self, guard: Guard) -> Registration:
         """`guard(call) -> str | None`; a string denies the call with that reason."""
@@ -276,27 +302,27 @@ class ToolRegistry:
 
     def _add_hook(self, kind: str, hook: Callable[..., Any]) -> Registration:
         _check_callable(hook, kind.replace("_", "-").rstrip("s"))
-        key = object()
-        with self._lock:
-            hooks = getattr(self._hooks, kind)
-            ids = self._hook_ids.get(kind, ())
-            changes: dict[str, Any] = {kind: (*hooks, hook)}
-            self._hooks = dataclasses.replace(self._hooks, **changes)
-            self._hook_ids[kind] = (*ids, id(key))
-        return HookRegistration(lambda: self._remove_hook(kind, id(key), key))
+        # A fresh callable per registration (a C-level partial: no extra Python frame), so the
+        # same function registered twice is two registrations, each removed exactly once.
+        key = functools.partial(hook)
 
-    def _remove_hook(self, kind: str, ident: int, key: object) -> bool:
-        del key  # kept alive until now so that its id stays unique
-        with self._lock:
-            ids = self._hook_ids.get(kind, ())
-            if ident not in ids:
-                return False
-            index = ids.index(ident)
-            hooks = getattr(self._hooks, kind)
-            changes: dict[str, Any] = {kind: hooks[:index] + hooks[index + 1 :]}
-            self._hooks = dataclasses.replace(self._hooks, **changes)
-            self._hook_ids[kind] = ids[:index] + ids[index + 1 :]
-            return True
+        def add(hooks: HookSet) -> HookSet:
+            changes: dict[str, Any] = {kind: (*getattr(hooks, kind), key)}
+            return dataclasses.replace(hooks, **changes)
+
+        self._swap_hooks(add)
+        return HookRegistration(lambda: self._remove_hook(kind, key))
+
+    def _remove_hook(self, kind: str, key: Callable[..., Any]) -> bool:
+        def remove(hooks: HookSet) -> HookSet | None:
+            current = getattr(hooks, kind)
+            kept = tuple(entry for entry in current if entry is not key)
+            if len(kept) == len(current):
+                return None
+            changes: dict[str, Any] = {kind: kept}
+            return dataclasses.replace(hooks, **changes)
+
+        return self._swap_hooks(remove)
 
     # -- calls -----------------------------------------------------------------------------------
 
@@ -568,8 +594,7 @@ class ToolRegistry:
 
     def in_flight(self) -> list[InFlightCall]:
         """A snapshot of the calls in progress (past their entry checks), oldest first."""
-        with self._lock:
-            states = list(self._calls.values())
+        states = list(self._calls.values())  # one C-level copy: atomic, no lock needed
         snapshot = [
             InFlightCall(
                 state.call,
@@ -614,9 +639,12 @@ class ToolRegistry:
             )
         with self._lock:
             self._closing = True
-            states = list(self._calls.values())  # one C-level copy: atomic w.r.t. other threads
-            sources = [state.source for state in states]
-            sources.extend(self._batches.values())
+        # Snapshots after _closing is set: a call registered later sees _closing itself.
+        states = list(self._calls.values())  # one C-level copy: atomic w.r.t. other threads
+        sources = [state.source for state in states]
+        with self._lock:
+            batches = list(self._batches.values())
+        sources.extend(batches)
         # Cancelling again is harmless (first reason wins), and it makes a close() that was
         # interrupted (Ctrl-C while waiting) finish properly when it is called again.
         for source in sources:  # later calls see _closing and cancel themselves
