@@ -38,6 +38,7 @@ from toolreg import (
     CancelSource,
     CancelToken,
     ErrorCode,
+    Tool,
     ToolCall,
     ToolRegistry,
     ToolResult,
@@ -1259,3 +1260,28 @@ def test_async_body_entry_points_do_not_deadlock(entry: str) -> None:
     if printed == "hung":
         raise Hung(f"{entry} from an async body deadlocked")
     assert _EXPECTED[entry] in printed
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm-pool", "cold-pool"])
+def test_an_executor_that_refuses_the_call_fails_it_and_close_does_not_hang(warm: bool) -> None:
+    """Regression: a shut-down executor's RuntimeError was raised (or, via the helper thread,
+    only logged) after the call was counted in: the task hung or close() waited forever."""
+    pool = ThreadPoolExecutor(2)
+    if warm:  # both workers exist, so the facade submits directly from the loop
+        started = threading.Barrier(3)
+        for _ in range(2):
+            pool.submit(started.wait, WAIT)
+        started.wait(WAIT)
+    pool.shutdown(wait=True)
+    registry = ToolRegistry(executor=pool)
+    registry.register(Tool("t", lambda args, ctx: "ok"))
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match="refused"):
+            await asyncio.wait_for(AsyncToolRegistry(registry).execute("t"), WAIT)
+
+    asyncio.run(main())
+    closer = threading.Thread(target=registry.close)
+    closer.start()
+    closer.join(WAIT)
+    assert not closer.is_alive(), "close() waits for a call the executor never took"

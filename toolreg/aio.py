@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import queue
@@ -107,7 +108,7 @@ class AsyncToolRegistry:
             finally:
                 registry._leave()
 
-        job = _Job(work, never_started)
+        job = _Job(work, never_started, registry._leave)
         try:
             result: ToolResult[Any] = await self._run(job, canceller, self._body_submit())
             return result
@@ -144,7 +145,7 @@ class AsyncToolRegistry:
             finally:
                 registry._leave()
 
-        job = _Job(work, never_started)
+        job = _Job(work, never_started, registry._leave)
         # The scheduler waits for body workers, so it runs on a pool of its own.
         submit = self._via_helper(self._schedulers)
         try:
@@ -161,13 +162,12 @@ class AsyncToolRegistry:
         executor = self._registry._executor
         threads = getattr(executor, "_threads", None)
         if threads is not None and len(threads) >= getattr(executor, "_max_workers", 0):
-            return executor.submit  # every worker exists: submit() starts no thread
+            return functools.partial(_hand_over, executor)  # every worker exists: no start
         return self._via_helper(executor)
 
     def _via_helper(self, executor: Executor) -> Submit:
-        def submit(fn: Callable[[], None]) -> object:
-            _HELPER.call_soon(lambda: executor.submit(fn))
-            return None
+        def submit(job: _Job) -> None:
+            _HELPER.call_soon(lambda: _hand_over(executor, job))
 
         return submit
 
@@ -176,7 +176,7 @@ class AsyncToolRegistry:
         loop = asyncio.get_running_loop()
         settled: asyncio.Future[tuple[bool, Any]] = loop.create_future()
         job.deliver = lambda outcome: _deliver(loop, settled, outcome)
-        submit(job.run)
+        submit(job)
         try:
             ok, value = await asyncio.shield(settled)
         except asyncio.CancelledError:
@@ -207,15 +207,29 @@ class AsyncToolRegistry:
         return f"<AsyncToolRegistry {self._registry!r}>"
 
 
-Submit = Callable[[Callable[[], None]], object]
+def _hand_over(executor: Executor, job: _Job) -> None:
+    """Submit the job; an executor that refuses it (shut down) fails the call, never hangs it."""
+    try:
+        executor.submit(job.run)
+    except BaseException as exc:
+        job.refuse(exc)
+
+
+Submit = Callable[["_Job"], None]
 
 
 class _Job:
     """One awaited call or batch: claimed once, by the worker that runs it or by a canceller."""
 
-    def __init__(self, work: Callable[[], Any], never_started: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        work: Callable[[], Any],
+        never_started: Callable[[], Any],
+        abandon: Callable[[], None],
+    ) -> None:
         self._work = work
         self._never_started = never_started  # the results if a canceller claims it first
+        self._abandon = abandon  # undo the entry if the executor refuses the job
         self._claim = threading.Lock()
         self.deliver: Callable[[tuple[bool, Any]], None] = lambda outcome: None
 
@@ -234,6 +248,13 @@ class _Job:
             _HELPER.call_soon(lambda: self._finish(self._never_started))
         else:
             _HELPER.call_soon(lambda: canceller.cancel(reason))
+
+    def refuse(self, exc: BaseException) -> None:
+        """The executor would not take the job (it was shut down): fail the awaiting task."""
+        if self._claim.acquire(blocking=False):
+            self._abandon()
+            refused = RuntimeError(f"the executor refused the call: {exc}")
+            self.deliver((False, refused))
 
     def _finish(self, produce: Callable[[], Any]) -> None:
         try:
