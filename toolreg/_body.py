@@ -9,9 +9,9 @@ of two parties claims it, with one non-blocking `Lock.acquire`:
   never-started and wakes the joiner at once, so a call cancelled while queued returns promptly
   and its body never starts.
 
-The joiner waits on `done`, a lock released exactly once by whoever claimed. It never looks at
-an executor future: joining means the registry's own wrapper recorded that the body returned or
-raised.
+The joiner waits until `settled` (guarded by `done`, a lock released exactly once by whoever
+claimed). It never looks at an executor future: joining means the registry's own wrapper
+recorded that the body returned or raised.
 """
 
 from __future__ import annotations
