@@ -2,8 +2,8 @@
 
 One `CallState` per call holds everything the stages share: the caller's token captured at entry
 and whether it was live then (read once), the call's own token (a child of the caller's that
-`close()` and Ctrl-C cancel too), whether a body started, the start time, the stage. Wrappers only ever see a
-`Dispatch`, so nothing they can reach can detach the caller.
+`close()` and Ctrl-C cancel too), whether a body started, the start time, the stage. Wrappers
+only ever see a `Dispatch`, so nothing they can reach can detach the caller.
 
 The contract, stage by stage (API.md sections 3 and 4):
 
