@@ -33,6 +33,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _registry_helpers import Journal
 
 from toolreg import (
     CancelSource,
@@ -51,18 +52,6 @@ BEFORE = ErrorCode.ABORTED_BEFORE_DISPATCH
 
 
 # -- helpers ----------------------------------------------------------------------------------
-
-
-class Journal:
-    """A thread-safe list of events, for asserting an exact order."""
-
-    def __init__(self) -> None:
-        self.entries: list[Any] = []
-        self._lock = threading.Lock()  # guards entries
-
-    def __call__(self, entry: Any) -> None:
-        with self._lock:
-            self.entries.append(entry)
 
 
 class Ticker:
