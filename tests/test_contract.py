@@ -567,12 +567,9 @@ def _hold_in_guard_then_deny(registry: ToolRegistry, gate: Gate) -> None:
         (_hold_in_wrapper_then_time_out, ErrorCode.TOOL_TIMEOUT),
         (_hold_in_wrapper_then_raise, ErrorCode.HOOK_ERROR),
         (_hold_in_post_hook_on_failure, ErrorCode.TOOL_ERROR),
-        (_hold_in_pre_hook_then_deny, ErrorCode.DENIED),
-        (_hold_in_approver_then_refuse, ErrorCode.DENIED),
         (_hold_in_guard_then_deny, ErrorCode.DENIED),
     ],
-    ids=["tool-error", "timeout", "wrapper-error", "post-on-failure", "pre-deny", "approver",
-         "guard"],
+    ids=["tool-error", "timeout", "wrapper-error", "post-on-failure", "guard"],
 )
 def test_failure_stays_when_cancellation_arrives_before_the_final_result(
     registry: ToolRegistry, setup: Callable[[ToolRegistry, Gate], None], code: ErrorCode
@@ -585,6 +582,39 @@ def test_failure_stays_when_cancellation_arrives_before_the_final_result(
     caller.cancel("stop")
     gate.release()
     assert call.join().code == code
+
+
+@pytest.mark.parametrize(
+    "setup", [_hold_in_pre_hook_then_deny, _hold_in_approver_then_refuse], ids=["pre", "approver"]
+)
+def test_cancellation_wins_over_a_denial_returned_after_it(
+    registry: ToolRegistry, setup: Callable[[ToolRegistry, Gate], None]
+) -> None:
+    # A pre-execute hook or approver that says no once its turn was cancelled refused nothing.
+    gate = Gate()
+    setup(registry, gate)
+    caller = CancelSource()
+    call = Caller(lambda: registry.execute("work", token=caller.token))
+    gate.wait_reached()
+    caller.cancel("stop")
+    gate.release()
+    result = call.join()
+    assert result.code == ErrorCode.ABORTED_BEFORE_DISPATCH
+    assert not result.dispatched
+
+
+@pytest.mark.parametrize(
+    "setup", [_hold_in_pre_hook_then_deny, _hold_in_approver_then_refuse], ids=["pre", "approver"]
+)
+def test_a_denial_made_while_the_token_is_live_stays_denied(
+    registry: ToolRegistry, setup: Callable[[ToolRegistry, Gate], None]
+) -> None:
+    gate = Gate()
+    setup(registry, gate)
+    call = Caller(lambda: registry.execute("work", token=CancelSource().token))
+    gate.wait_reached()
+    gate.release()
+    assert call.join().code == ErrorCode.DENIED
 
 
 def test_body_success_after_cancel_keeps_its_deferred_contexts(registry: ToolRegistry) -> None:

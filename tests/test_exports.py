@@ -18,6 +18,7 @@ PUBLIC = [
     "CancelSource",
     "CancelToken",
     "Cancelled",
+    "Catalog",
     "Deny",
     "Dispatch",
     "ErrorCode",
@@ -35,9 +36,11 @@ PUBLIC = [
     "ToolCall",
     "ToolContext",
     "ToolError",
+    "ToolProgress",
     "ToolRegistry",
     "ToolResult",
     "deadline",
+    "thaw",
     "timeout_of",
 ]
 

@@ -239,9 +239,11 @@ SEARCH_SCHEMA = {
 
 def _register_catalog(registry: ToolRegistry, order: list[str]) -> None:
     tools = {
-        "search": Tool("search", echo, "Search the index", SEARCH_SCHEMA),
-        "clock": Tool("clock", echo, "What time is it"),
-        "alpha": Tool("alpha", echo, "First", {"type": "object", "properties": {}}),
+        "search": Tool("search", echo, description="Search the index", parameters=SEARCH_SCHEMA),
+        "clock": Tool("clock", echo, description="What time is it"),
+        "alpha": Tool(
+            "alpha", echo, description="First", parameters={"type": "object", "properties": {}}
+        ),
     }
     for name in order:
         registry.register(tools[name])

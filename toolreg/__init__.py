@@ -5,7 +5,8 @@ The public API, re-exported from the private modules that implement it:
 * tokens (`_cancel`): `CancelSource`, `CancelToken`, `Registration`, `Cancelled`,
   `TimeoutReason`, `deadline`, `timeout_of`;
 * calls and results (`_results`): `ToolCall`, `ToolResult`, `ToolError`, `ErrorCode`;
-* tools (`_tools`): `Tool`, `ToolContext`, `FrozenDict`;
+* tools (`_tools`): `Tool`, `ToolContext`, `FrozenDict`, `thaw`; the catalog (`_catalog`):
+  `Catalog`; progress (`_progress`): `ToolProgress`;
 * hooks (`_hooks`): `Allow`, `Deny`, `Ask`, `Dispatch` and the `Protocol` of each hook kind;
 * the registry (`_registry`): `ToolRegistry`, `InFlightCall`;
 * policies (`_policies`): `TimeoutPolicy`, `RetryPolicy`.
@@ -18,6 +19,7 @@ from ._cancel import Registration as Registration
 from ._cancel import TimeoutReason as TimeoutReason
 from ._cancel import deadline as deadline
 from ._cancel import timeout_of as timeout_of
+from ._catalog import Catalog as Catalog
 from ._hooks import Allow as Allow
 from ._hooks import Approver as Approver
 from ._hooks import AroundWrapper as AroundWrapper
@@ -30,6 +32,7 @@ from ._hooks import PreExecuteHook as PreExecuteHook
 from ._hooks import ResultObserver as ResultObserver
 from ._policies import RetryPolicy as RetryPolicy
 from ._policies import TimeoutPolicy as TimeoutPolicy
+from ._progress import ToolProgress as ToolProgress
 from ._registry import InFlightCall as InFlightCall
 from ._registry import ToolRegistry as ToolRegistry
 from ._results import ErrorCode as ErrorCode
@@ -39,6 +42,7 @@ from ._results import ToolResult as ToolResult
 from ._tools import FrozenDict as FrozenDict
 from ._tools import Tool as Tool
 from ._tools import ToolContext as ToolContext
+from ._tools import thaw as thaw
 
 __all__ = [
     "Allow",
@@ -48,6 +52,7 @@ __all__ = [
     "CancelSource",
     "CancelToken",
     "Cancelled",
+    "Catalog",
     "Deny",
     "Dispatch",
     "ErrorCode",
@@ -65,8 +70,10 @@ __all__ = [
     "ToolCall",
     "ToolContext",
     "ToolError",
+    "ToolProgress",
     "ToolRegistry",
     "ToolResult",
     "deadline",
+    "thaw",
     "timeout_of",
 ]

@@ -161,6 +161,7 @@ class HookSet:
     around: tuple[AroundWrapper, ...] = ()
     post_execute: tuple[PostExecuteHook, ...] = ()
     observers: tuple[ResultObserver, ...] = ()
+    tools_changed: tuple[Callable[[], object], ...] = ()  # registry-level, not per call
 
 
 class HookRegistration(Registration):

@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 from ._body import INTERRUPTS, MAIN_THREAD_SLICE, BodyRun
 from ._cancel import Cancelled, CancelSource, CancelToken, Registration
 from ._hooks import Allow, Ask, Deny, Dispatch, HookSet
+from ._progress import ProgressSink
 from ._results import ErrorCode, ToolCall, ToolResult, render_content
-from ._tools import Tool, ToolContext
+from ._tools import Tool, ToolContext, Validator
 
 if TYPE_CHECKING:
     from ._registry import ToolRegistry
@@ -58,8 +59,10 @@ class CallState:
         "inline",
         "interrupted",
         "live_at_entry",
+        "output_validator",
         "own_result",
         "proceeds",
+        "progress",
         "registry",
         "source",
         "stage",
@@ -80,6 +83,7 @@ class CallState:
         source: CancelSource,
         started: float,
         inline: bool,
+        output_validator: Validator | None = None,
     ) -> None:
         self.registry = registry
         self.call = call
@@ -99,6 +103,8 @@ class CallState:
         self.hook_error: ToolResult[Any] | None = None  # a registry-made HOOK_ERROR
         self.body_run: BodyRun | None = None  # the latest start of the body
         self.own_result: ToolResult[Any] | None = None  # a result no user code has seen yet
+        self.progress: ProgressSink | None = None  # the caller's progress= (direct calls only)
+        self.output_validator = output_validator
 
     def at(self, stage: str) -> None:
         """Enter a stage (shown by `in_flight()`; logged at DEBUG when enabled)."""
@@ -180,18 +186,24 @@ class CallState:
         hooks = self.hooks
         if not (hooks.pre_execute or hooks.guards):
             return None
+        # A denial returned while the call's token is cancelled is the cancellation: the hook or
+        # approver that said no may have said it *because* its turn was cancelled.
         ask = self._pre_execute()
+        if self.revoked() and (ask is None or not self._malfunction(ask)):
+            return self.aborted()
         if isinstance(ask, ToolResult):
             return ask
-        if self.revoked():
-            return self.aborted()
         if ask is not None:
             denial = self._approve(ask)
-            if denial is not None:
-                return denial
             if self.revoked():
                 return self.aborted()
+            if denial is not None:
+                return denial
         return self._guards()
+
+    def _malfunction(self, outcome: ToolResult[Any] | Ask) -> bool:
+        """A registry-made HOOK_ERROR (a hook that raised or returned nonsense) stays one."""
+        return outcome is self.hook_error
 
     def _pre_execute(self) -> ToolResult[Any] | Ask | None:
         first_ask: Ask | None = None
@@ -301,7 +313,7 @@ class CallState:
 
     def _run_body(self, token: CancelToken) -> ToolResult[Any]:
         registry = self.registry
-        ctx = ToolContext(self.call, token, registry._nested)
+        ctx = ToolContext(self.call, token, registry._nested, self.progress)
         tool = self.tool
         args = self.call.arguments
         run = BodyRun(
@@ -366,6 +378,12 @@ class CallState:
         # cancelled after that is still caught by the recheck after the wrappers.
         if self.live_at_entry and not live:
             return self.aborted(contexts)
+        validator = self.output_validator
+        if validator is not None:
+            problem = _output_problem(validator, value)
+            if problem is not None:
+                message = f"the value does not match the output schema: {problem}"
+                return ToolResult.failure(self.call, ErrorCode.TOOL_ERROR, message, contexts)
         try:
             content = render_content(value, self.tool.render)
         except Exception as exc:
@@ -483,6 +501,15 @@ class _Proceeds:
                 return None
             self._drained = drained
             return drained
+
+
+def _output_problem(validator: Validator, value: Any) -> str | None:
+    """Why `value` fails the output schema, or None if it passes."""
+    try:
+        validator(value)
+    except Exception as exc:
+        return str(getattr(exc, "message", exc))
+    return None
 
 
 def entry_failure(call: ToolCall, code: ErrorCode, message: str, started: float) -> ToolResult[Any]:

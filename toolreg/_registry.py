@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import inspect
@@ -12,13 +11,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import fastjsonschema
 
 from ._batch import BatchRun, Progress, check_batch, unstarted_call
-from ._body import INTERRUPTS
+from ._body import INTERRUPTS, MAIN_THREAD_SLICE
 from ._cancel import CancelSource, CancelToken, Registration
+from ._catalog import Catalog, CatalogEntry, SchemaStyle
 from ._coro import CoroutineRunner
 from ._hooks import (
     Approver,
@@ -32,22 +32,14 @@ from ._hooks import (
 )
 from ._interrupts import SigintRequest, deferred_sigint
 from ._pipeline import CallState, entry_failure
+from ._progress import ProgressCallback, ProgressSink
 from ._results import ErrorCode, ToolCall, ToolResult, frozen_call
-from ._tools import (
-    ConcurrencySafe,
-    InvalidArguments,
-    Tool,
-    ToolContext,
-    Validator,
-    compile_schema,
-    freeze_arguments,
-)
+from ._tools import ConcurrencySafe, InvalidArguments, Tool, ToolContext, freeze_arguments
 
 __all__ = ["InFlightCall", "ToolRegistry"]
 
 logger = logging.getLogger("toolreg")
 F = TypeVar("F", bound=Callable[..., Any])
-SchemaStyle = Literal["openai", "anthropic", "mcp"]
 
 
 @dataclass(frozen=True)
@@ -60,14 +52,6 @@ class InFlightCall:
     cancelled: bool
     cancelled_at: float | None
     dispatched: bool
-
-
-@dataclass(frozen=True)
-class _Entry:
-    tool: Tool
-    schema: dict[str, Any]  # a private copy of the parameters schema, as compiled
-    validator: Validator | None
-    is_async: bool  # an `async def` body: it runs on the registry's event loop thread
 
 
 class ToolRegistry:
@@ -116,7 +100,9 @@ class ToolRegistry:
         # replaced copy-on-write, so calls read them without the lock.
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when _active drops to 0
-        self._tools: dict[str, _Entry] = {}
+        self._idle_waiters = 0  # threads in wait_idle(); _leave notifies only when some wait
+        self._idle_callbacks: dict[int, Callable[[], object]] = {}  # run once when _active is 0
+        self._tools: dict[str, CatalogEntry] = {}
         self._hooks = HookSet()
         self._calls: dict[int, CallState] = {}
         self._batches: dict[int, CancelSource] = {}
@@ -132,8 +118,7 @@ class ToolRegistry:
         """Add a tool; `ValueError` for a duplicate name or an invalid schema."""
         if not isinstance(tool, Tool):
             raise TypeError(f"register() takes a Tool, got {type(tool).__name__}")
-        schema, validator = compile_schema(tool)
-        entry = _Entry(tool, schema, validator, inspect.iscoroutinefunction(tool.fn))
+        entry = CatalogEntry.build(tool)
         while True:  # copy-on-write: build outside the lock, swap under it if nothing changed
             current = self._tools
             if tool.name in current:
@@ -143,9 +128,10 @@ class ToolRegistry:
                 if self._tools is current:
                     self._tools = tools
                     break
+        self._tools_changed()
         return HookRegistration(lambda: self._unregister(entry))
 
-    def _unregister(self, entry: _Entry) -> bool:
+    def _unregister(self, entry: CatalogEntry) -> bool:
         while True:
             current = self._tools
             if current.get(entry.tool.name) is not entry:
@@ -154,7 +140,24 @@ class ToolRegistry:
             with self._lock:
                 if self._tools is current:
                     self._tools = tools
-                    return True
+                    break
+        self._tools_changed()
+        return True
+
+    def _tools_changed(self) -> None:
+        """Run the `on_tools_changed` callbacks on this thread, outside any lock."""
+        for listener in self._hooks.tools_changed:
+            try:
+                listener()
+            except Exception:
+                logger.exception("toolreg: on_tools_changed callback %r raised", listener)
+
+    def on_tools_changed(self, fn: Callable[[], object]) -> Registration:
+        """`fn()` runs on the registering thread after every register or unregister.
+
+        It runs outside any lock, so it may read `catalog()`; its exceptions are logged.
+        """
+        return self._add_hook("tools_changed", fn)
 
     @overload
     def tool(
@@ -168,6 +171,10 @@ class ToolRegistry:
         timeout: float | None = None,
         concurrency_safe: ConcurrencySafe = False,
         render: Callable[[Any], str] | None = None,
+        title: str | None = None,
+        annotations: Mapping[str, Any] | None = None,
+        output_schema: Mapping[str, Any] | None = None,
+        validate_output: bool = False,
     ) -> F: ...
 
     @overload
@@ -182,6 +189,10 @@ class ToolRegistry:
         timeout: float | None = None,
         concurrency_safe: ConcurrencySafe = False,
         render: Callable[[Any], str] | None = None,
+        title: str | None = None,
+        annotations: Mapping[str, Any] | None = None,
+        output_schema: Mapping[str, Any] | None = None,
+        validate_output: bool = False,
     ) -> Callable[[F], F]: ...
 
     def tool(
@@ -195,16 +206,31 @@ class ToolRegistry:
         timeout: float | None = None,
         concurrency_safe: ConcurrencySafe = False,
         render: Callable[[Any], str] | None = None,
+        title: str | None = None,
+        annotations: Mapping[str, Any] | None = None,
+        output_schema: Mapping[str, Any] | None = None,
+        validate_output: bool = False,
     ) -> F | Callable[[F], F]:
         """Decorator: register `fn(args, ctx)` as a tool and return it unchanged.
 
-        The name defaults to the function's name and the description to its docstring.
+        The name defaults to the function's name and the description to its docstring; the
+        other options are `Tool`'s fields.
         """
 
         def decorate(fn: F) -> F:
             text = description if description is not None else inspect.getdoc(fn) or ""
             tool = Tool(
-                name or fn.__name__, fn, text, parameters, timeout, concurrency_safe, render
+                name or fn.__name__,
+                fn,
+                description=text,
+                parameters=parameters,
+                timeout=timeout,
+                concurrency_safe=concurrency_safe,
+                render=render,
+                title=title,
+                annotations=annotations,
+                output_schema=output_schema,
+                validate_output=validate_output,
             )
             self.register(tool)
             return fn
@@ -218,31 +244,19 @@ class ToolRegistry:
 
     def tools(self) -> tuple[Tool, ...]:
         """The registered tools, sorted by name."""
-        return tuple(entry.tool for _, entry in sorted(self._tools.items()))
+        return Catalog(self._tools).tools
 
     def schemas(self, style: SchemaStyle = "openai") -> list[dict[str, Any]]:
         """Tool definitions in the shape a model or client expects, sorted by name.
 
-        `"openai"` (function calling), `"anthropic"` (tool use) or `"mcp"` (`tools/list`). A
-        tool without `parameters` gets an empty object schema. Each call returns fresh copies.
+        `"openai"` (function calling), `"anthropic"` (tool use) or `"mcp"` (`tools/list`); see
+        `Catalog.schemas`. Each call returns fresh, JSON-serializable copies.
         """
-        shapes: dict[str, Callable[[Tool, dict[str, Any]], dict[str, Any]]] = {
-            "openai": lambda t, s: {
-                "type": "function",
-                "function": {"name": t.name, "description": t.description, "parameters": s},
-            },
-            "anthropic": lambda t, s: {
-                "name": t.name,
-                "description": t.description,
-                "input_schema": s,
-            },
-            "mcp": lambda t, s: {"name": t.name, "description": t.description, "inputSchema": s},
-        }
-        shape = shapes.get(style)
-        if shape is None:
-            raise ValueError(f"unknown schema style {style!r}; use one of {sorted(shapes)}")
-        entries = [entry for _, entry in sorted(self._tools.items())]
-        return [shape(entry.tool, copy.deepcopy(entry.schema)) for entry in entries]
+        return Catalog(self._tools).schemas(style)
+
+    def catalog(self) -> Catalog:
+        """The registered tools and their schemas, taken from one registration state."""
+        return Catalog(self._tools)
 
     # -- hooks -----------------------------------------------------------------------------------
 
@@ -333,20 +347,26 @@ class ToolRegistry:
         *,
         token: CancelToken | None = None,
         start_if_cancelled: bool = True,
+        progress: ProgressCallback | None = None,
     ) -> ToolResult[Any]:
         """Run one call through the pipeline and return its final `ToolResult`; blocks.
 
         `token` is the caller's token (default: never cancelled). With a token that is already
         cancelled, `start_if_cancelled=True` (the default, for direct callers) still runs the
         call so the body can clean up; `False` (what a server or agent loop should pass) starts
-        nothing and returns `ABORTED_BEFORE_DISPATCH`. Never raises for a tool-level problem;
-        raises `RuntimeError` after `close()`, `TypeError` for a call that is not a `ToolCall`
-        or a name, and re-raises a Ctrl-C once the call has settled.
+        nothing and returns `ABORTED_BEFORE_DISPATCH`. `progress(update)` receives the body's
+        `ctx.report_progress` updates (increasing values only), on the body's thread. Never
+        raises for a tool-level problem; raises `RuntimeError` after `close()`, `TypeError` for
+        a call that is not a `ToolCall` or a name, and re-raises a Ctrl-C once the call has
+        settled.
         """
         started = time.monotonic()
         call = _as_call(call_or_name, arguments)
         caller = _as_token(token)
-        return self._execute(call, caller, start_if_cancelled, False, started, nested=False)
+        sink = _progress_sink(progress)
+        return self._execute(
+            call, caller, start_if_cancelled, False, started, nested=False, progress=sink
+        )
 
     def _nested(
         self, call_or_name: object, arguments: Mapping[str, Any] | None, token: CancelToken
@@ -366,6 +386,7 @@ class ToolRegistry:
         extra: CancelToken | None = None,
         entered: bool = False,
         on_interrupt: Callable[[BaseException], None] | None = None,
+        progress: ProgressSink | None = None,
     ) -> ToolResult[Any]:
         """Run one call; `extra` is a second token that cancels the call but not the caller.
 
@@ -383,7 +404,9 @@ class ToolRegistry:
         # waiting for another worker could deadlock a busy pool, so the body runs here.
         inline = inline or depth > 0
         try:
-            return self._run(call, caller, start_if_cancelled, inline, started, extra, on_interrupt)
+            return self._run(
+                call, caller, start_if_cancelled, inline, started, extra, on_interrupt, progress
+            )
         finally:
             local.depth -= 1
             self._leave()
@@ -397,12 +420,14 @@ class ToolRegistry:
         started: float,
         extra: CancelToken | None,
         on_interrupt: Callable[[BaseException], None] | None,
+        progress: ProgressSink | None,
     ) -> ToolResult[Any]:
         hooks = self._hooks  # the hooks present at entry serve the whole call
         admitted = self._admit(call, started)
         if isinstance(admitted, ToolResult):
             return _notify(hooks.observers, admitted, on_interrupt)
-        call, tool = admitted
+        call, entry = admitted
+        tool = entry.tool
         # Read once: "live at entry" decides both this check and the rechecks later. Reading it
         # twice let a cancellation in between skip this check *and* the rechecks.
         live_at_entry = not caller.cancelled
@@ -417,7 +442,19 @@ class ToolRegistry:
             )
             return _notify(hooks.observers, aborted, on_interrupt)
         source = CancelSource(caller) if extra is None else CancelSource(caller, extra)
-        state = CallState(self, call, tool, hooks, caller, live_at_entry, source, started, inline)
+        state = CallState(
+            self,
+            call,
+            tool,
+            hooks,
+            caller,
+            live_at_entry,
+            source,
+            started,
+            inline,
+            entry.output_validator,
+        )
+        state.progress = progress
         key = id(state)
         # Single dict operations are atomic, and close() sets _closing before it lists the calls:
         # either it sees this call, or this call sees _closing. No lock needed on this hot path.
@@ -448,7 +485,9 @@ class ToolRegistry:
             on_interrupt(state.interrupted)
         return final
 
-    def _admit(self, call: ToolCall, started: float) -> ToolResult[Any] | tuple[ToolCall, Tool]:
+    def _admit(
+        self, call: ToolCall, started: float
+    ) -> ToolResult[Any] | tuple[ToolCall, CatalogEntry]:
         """Entry checks, in the contract's order; a failed result or (frozen call, tool)."""
         try:
             frozen = freeze_arguments(call.arguments)
@@ -466,7 +505,7 @@ class ToolRegistry:
             except fastjsonschema.JsonSchemaException as exc:
                 message = getattr(exc, "message", str(exc))
                 return entry_failure(call, ErrorCode.INVALID_ARGS, message, started)
-        return call, entry.tool
+        return call, entry
 
     def execute_batch(
         self,
@@ -621,10 +660,61 @@ class ToolRegistry:
             self._active += 1
 
     def _leave(self) -> None:
+        callbacks: dict[int, Callable[[], object]] | None = None
         with self._lock:
             self._active -= 1
-            if self._closing and not self._active:
-                self._idle.notify_all()
+            if not self._active:
+                if self._closing or self._idle_waiters:
+                    self._idle.notify_all()
+                if self._idle_callbacks:
+                    callbacks, self._idle_callbacks = self._idle_callbacks, {}
+        if callbacks:
+            for callback in callbacks.values():
+                callback()  # the facade's own (a call_soon_threadsafe): never user code
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no call (direct, nested, batch or awaited) is in flight; True if idle.
+
+        A call is in flight until its `execute` returns, observers included. With `timeout`
+        (seconds), returns False if calls were still in flight when it ran out. From inside
+        one of this registry's own calls (a hook, a body, an observer) it raises
+        `RuntimeError`: it would wait for itself.
+        """
+        if self._inside():
+            raise RuntimeError("wait_idle() from inside one of this registry's calls would wait")
+        limit = None if timeout is None else time.monotonic() + _check_wait(timeout)
+        main = threading.current_thread() is threading.main_thread()
+        with self._lock:
+            self._idle_waiters += 1
+            try:
+                while self._active:
+                    left = None if limit is None else limit - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    if main:  # in slices: a Ctrl-C is noticed within one
+                        left = MAIN_THREAD_SLICE if left is None else min(left, MAIN_THREAD_SLICE)
+                    self._idle.wait(left)
+                return True
+            finally:
+                self._idle_waiters -= 1
+
+    def _call_when_idle(self, callback: Callable[[], object]) -> Callable[[], None] | None:
+        """Run `callback()` (never user code) once no call is in flight.
+
+        Returns None if nothing is in flight now (the callback is not kept), else a function
+        that forgets the callback (for a waiter that gave up).
+        """
+        key = id(callback)
+        with self._lock:
+            if not self._active:
+                return None
+            self._idle_callbacks[key] = callback
+
+        def forget() -> None:
+            with self._lock:
+                self._idle_callbacks.pop(key, None)
+
+        return forget
 
     def close(self) -> None:
         """Cancel every call in flight, wait for all of them, shut down an owned executor.
@@ -713,6 +803,26 @@ def _as_token(token: object) -> CancelToken:
         hint = " (pass source.token)" if isinstance(token, CancelSource) else ""
         raise TypeError(f"token must be a CancelToken, got {type(token).__name__}{hint}")
     return token
+
+
+def _progress_sink(progress: object) -> ProgressSink | None:
+    if progress is None:
+        return None
+    if not callable(progress):
+        raise TypeError(f"progress must be callable, got {type(progress).__name__}")
+    return ProgressSink(progress)
+
+
+def _check_wait(timeout: object) -> float:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be seconds or None, got {type(timeout).__name__}")
+    if timeout != timeout:
+        raise ValueError("timeout must be a number of seconds, got NaN")
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # an int beyond float: as good as forever
+        seconds = threading.TIMEOUT_MAX
+    return max(0.0, min(seconds, threading.TIMEOUT_MAX))
 
 
 def _check_callable(fn: object, what: str) -> None:

@@ -38,16 +38,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from ._batch import Progress, check_batch
 from ._cancel import CancelSource, CancelToken
-from ._registry import ToolRegistry, _as_call, _as_token
+from ._progress import ProgressSink, ToolProgress
+from ._registry import ToolRegistry, _as_call, _as_token, _check_wait
 from ._results import ToolCall, ToolResult
 
 __all__ = ["AsyncToolRegistry"]
 
 logger = logging.getLogger("toolreg")
+T = TypeVar("T")
 
 
 class AsyncToolRegistry:
@@ -79,11 +81,22 @@ class AsyncToolRegistry:
         *,
         token: CancelToken | None = None,
         start_if_cancelled: bool = True,
+        progress: Callable[[ToolProgress], object] | None = None,
+        cancel_reason: object = None,
     ) -> ToolResult[Any]:
-        """`ToolRegistry.execute`, awaited; see the module docstring for cancellation."""
+        """`ToolRegistry.execute`, awaited; see the module docstring for cancellation.
+
+        `progress(update)` runs on this event loop (scheduled, never awaited by the worker) for
+        each increasing `ctx.report_progress` of the body; its exceptions are logged.
+        `cancel_reason` is the reason the call's token is cancelled with when the awaiting
+        task is cancelled (default: a string naming the task, e.g. "asyncio task Task-7 was
+        cancelled").
+        """
         started = time.monotonic()
+        loop = asyncio.get_running_loop()  # before entry: without a loop nothing is counted in
         call = _as_call(call_or_name, arguments)
         caller = _as_token(token)
+        sink = _loop_progress(loop, progress)
         registry = self._registry
         registry._enter(nested=registry._inside())  # entry is now: close() waits for this call
         canceller = CancelSource()  # ours: cancels the call, never the caller's token
@@ -100,6 +113,7 @@ class AsyncToolRegistry:
                 False,
                 canceller.token,
                 True,
+                progress=sink,
             )
 
         def never_started() -> ToolResult[Any]:
@@ -110,7 +124,8 @@ class AsyncToolRegistry:
 
         job = _Job(work, never_started, registry._leave)
         try:
-            result: ToolResult[Any] = await self._run(job, canceller, self._body_submit())
+            submit = self._body_submit()
+            result: ToolResult[Any] = await self._run(job, canceller, submit, cancel_reason)
             return result
         finally:
             canceller.close()
@@ -129,6 +144,7 @@ class AsyncToolRegistry:
         caller = _as_token(token)
         if on_progress is not None and not callable(on_progress):
             raise TypeError("on_progress must be callable")
+        asyncio.get_running_loop()  # before entry: without a loop nothing is counted in
         registry._enter(nested=registry._inside())
         canceller = CancelSource()
         context = contextvars.copy_context()
@@ -149,7 +165,7 @@ class AsyncToolRegistry:
         # The scheduler waits for body workers, so it runs on a pool of its own.
         submit = self._via_helper(self._schedulers)
         try:
-            results: list[ToolResult[Any]] = await self._run(job, canceller, submit)
+            results: list[ToolResult[Any]] = await self._run(job, canceller, submit, None)
             return results
         finally:
             canceller.close()
@@ -171,7 +187,9 @@ class AsyncToolRegistry:
 
         return submit
 
-    async def _run(self, job: _Job, canceller: CancelSource, submit: Submit) -> Any:
+    async def _run(
+        self, job: _Job, canceller: CancelSource, submit: Submit, cancel_reason: object
+    ) -> Any:
         """Run `job` on a thread; on task cancellation cancel it off the loop, wait, re-raise."""
         loop = asyncio.get_running_loop()
         settled: asyncio.Future[tuple[bool, Any]] = loop.create_future()
@@ -180,14 +198,37 @@ class AsyncToolRegistry:
         try:
             ok, value = await asyncio.shield(settled)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            reason = f"asyncio task {task.get_name() if task else '?'} was cancelled"
+            reason = cancel_reason
+            if reason is None:
+                task = asyncio.current_task()
+                reason = f"asyncio task {task.get_name() if task else '?'} was cancelled"
             job.cancel(canceller, reason)
             await _wait_settled(settled)
             raise  # the task's own cancellation, unconverted: cancelling()/uncancel() stay right
         if ok:
             return value
         raise value
+
+    async def wait_idle(self, timeout: float | None = None) -> bool:
+        """Await until no call of the registry is in flight, without blocking the loop.
+
+        The same as `ToolRegistry.wait_idle`: True when idle, False if `timeout` seconds ran
+        out first; `RuntimeError` from inside one of the registry's own calls.
+        """
+        registry = self._registry
+        if registry._inside():
+            raise RuntimeError("wait_idle() from inside one of this registry's calls would wait")
+        seconds = None if timeout is None else _check_wait(timeout)
+        loop = asyncio.get_running_loop()
+        idle: asyncio.Future[None] = loop.create_future()
+        forget = registry._call_when_idle(lambda: _deliver(loop, idle, None))
+        if forget is None:
+            return True
+        try:
+            await asyncio.wait((idle,), timeout=seconds)
+            return idle.done()
+        finally:
+            forget()
 
     async def aclose(self) -> None:
         """Close the registry (cancel, drain, shut down) without blocking the loop."""
@@ -238,7 +279,7 @@ class _Job:
         if self._claim.acquire(blocking=False):
             self._finish(self._work)
 
-    def cancel(self, canceller: CancelSource, reason: str) -> None:
+    def cancel(self, canceller: CancelSource, reason: object) -> None:
         """On the loop: claim it if no worker took it yet (it never starts), else cancel it.
 
         Both the unstarted results (observers) and the token's cancellation (its callbacks) are
@@ -264,18 +305,37 @@ class _Job:
         self.deliver(outcome)
 
 
-def _deliver(
-    loop: asyncio.AbstractEventLoop,
-    settled: asyncio.Future[tuple[bool, Any]],
-    outcome: tuple[bool, Any],
-) -> None:
+def _deliver(loop: asyncio.AbstractEventLoop, settled: asyncio.Future[T], outcome: T) -> None:
     with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
         loop.call_soon_threadsafe(_settle, settled, outcome)
 
 
-def _settle(settled: asyncio.Future[tuple[bool, Any]], outcome: tuple[bool, Any]) -> None:
+def _settle(settled: asyncio.Future[T], outcome: T) -> None:
     if not settled.done():
         settled.set_result(outcome)
+
+
+def _loop_progress(
+    loop: asyncio.AbstractEventLoop, progress: Callable[[ToolProgress], object] | None
+) -> ProgressSink | None:
+    """A sink whose kept updates are scheduled on `loop`, where `progress` runs."""
+    if progress is None:
+        return None
+    if not callable(progress):
+        raise TypeError(f"progress must be callable, got {type(progress).__name__}")
+
+    def schedule(update: ToolProgress) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
+            loop.call_soon_threadsafe(_report_progress, progress, update)
+
+    return ProgressSink(schedule)
+
+
+def _report_progress(progress: Callable[[ToolProgress], object], update: ToolProgress) -> None:
+    try:
+        progress(update)
+    except Exception:
+        logger.exception("toolreg: progress callback %r raised", progress)
 
 
 async def _wait_settled(settled: asyncio.Future[Any]) -> None:

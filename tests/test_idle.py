@@ -1,0 +1,141 @@
+"""wait_idle: quiescence on demand, for every way a call can be in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from _registry_helpers import WAIT, Caller, Gate, open_registry
+
+from toolreg import ToolCall, ToolContext, ToolRegistry
+from toolreg.aio import AsyncToolRegistry
+
+Args = Any
+
+
+def add_held_tool(registry: ToolRegistry, gate: Gate) -> None:
+    @registry.tool(concurrency_safe=True)
+    def held(args: Args, ctx: ToolContext) -> str:
+        gate.hold()
+        return "done"
+
+
+def test_an_idle_registry_is_idle_at_once() -> None:
+    with open_registry() as registry:
+        assert registry.wait_idle() is True
+        assert registry.wait_idle(0) is True
+
+
+def test_wait_idle_waits_for_a_direct_call_including_its_observers() -> None:
+    gate = Gate()
+    observed: list[str] = []
+    with open_registry() as registry:
+        add_held_tool(registry, gate)
+        registry.on_result(lambda result: observed.append("observed"))
+        call = Caller(lambda: registry.execute("held"))
+        gate.wait_reached()
+        assert registry.wait_idle(0.01) is False
+        waiter = Caller(lambda: registry.wait_idle(WAIT))
+        assert waiter.still_blocked()
+        gate.release()
+        assert waiter.join() is True
+        assert observed == ["observed"]  # the call's observers ran before it counted out
+        assert call.join().ok
+
+
+def test_wait_idle_waits_for_a_batch() -> None:
+    gate = Gate()
+    with open_registry() as registry:
+        add_held_tool(registry, gate)
+        batch = Caller(lambda: registry.execute_batch([ToolCall("held"), ToolCall("held")]))
+        gate.wait_reached()
+        assert registry.wait_idle(0.01) is False
+        gate.release()
+        assert registry.wait_idle(WAIT) is True
+        assert all(result.ok for result in batch.join())
+
+
+def test_wait_idle_waits_for_an_awaited_call() -> None:
+    gate = Gate()
+
+    async def main(registry: ToolRegistry) -> None:
+        areg = AsyncToolRegistry(registry)
+        task = asyncio.ensure_future(areg.execute("held"))
+        await asyncio.to_thread(gate.wait_reached)
+        assert await areg.wait_idle(0.01) is False
+        idle = asyncio.ensure_future(areg.wait_idle(WAIT))
+        await asyncio.sleep(0)
+        assert not idle.done()
+        gate.release()
+        assert await idle is True
+        assert (await task).ok
+        assert await areg.wait_idle() is True
+
+    with open_registry() as registry:
+        add_held_tool(registry, gate)
+        asyncio.run(main(registry))
+
+
+def test_wait_idle_from_inside_a_call_raises() -> None:
+    raised: list[BaseException] = []
+    with open_registry() as registry:
+
+        @registry.tool
+        def body(args: Args, ctx: ToolContext) -> str:
+            try:
+                registry.wait_idle(WAIT)
+            except RuntimeError as exc:
+                raised.append(exc)
+            return "ok"
+
+        def observer(result: Any) -> None:
+            try:
+                registry.wait_idle(WAIT)
+            except RuntimeError as exc:
+                raised.append(exc)
+
+        registry.on_result(observer)
+        assert registry.execute("body").ok
+    assert len(raised) == 2  # from the body and from the observer
+
+
+def test_awaited_wait_idle_from_an_async_body_raises() -> None:
+    raised: list[BaseException] = []
+    with open_registry() as registry:
+        areg = AsyncToolRegistry(registry)
+
+        @registry.tool
+        async def body(args: Args, ctx: ToolContext) -> str:
+            try:
+                await areg.wait_idle(WAIT)
+            except RuntimeError as exc:
+                raised.append(exc)
+            return "ok"
+
+        assert registry.execute("body").ok
+    assert len(raised) == 1
+
+
+@pytest.mark.parametrize(("timeout", "error"), [("1", TypeError), (True, TypeError)])
+def test_wait_idle_checks_its_timeout(timeout: Any, error: type[Exception]) -> None:
+    with open_registry() as registry, pytest.raises(error):
+        registry.wait_idle(timeout)
+
+
+def test_an_abandoned_awaited_wait_leaves_nothing_behind() -> None:
+    gate = Gate()
+
+    async def main(registry: ToolRegistry) -> None:
+        areg = AsyncToolRegistry(registry)
+        task = asyncio.ensure_future(areg.execute("held"))
+        await asyncio.to_thread(gate.wait_reached)
+        for _ in range(100):
+            assert await areg.wait_idle(0) is False
+        assert registry._idle_callbacks == {}
+        gate.release()
+        await task
+
+    with open_registry() as registry:
+        add_held_tool(registry, gate)
+        asyncio.run(main(registry))

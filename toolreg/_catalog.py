@@ -1,0 +1,131 @@
+"""The catalog: registered tools and the definitions handed to models and clients.
+
+A `Catalog` is an immutable snapshot of one registration state, so the tools it lists and the
+schemas it renders always agree (`registry.catalog()`), however tools come and go meanwhile.
+Each style has its provider's shape and rules: OpenAI and Anthropic refuse names longer than 64
+characters or containing a `.`, so rendering those styles raises `ValueError` naming each such
+tool rather than producing a catalog the provider rejects. Every rendering is a fresh, plain,
+JSON-serializable copy.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._tools import Tool, Validator, compile_output_schema, compile_schema, thaw
+
+__all__ = ["Catalog", "CatalogEntry", "SchemaStyle"]
+
+SchemaStyle = Literal["openai", "anthropic", "mcp"]
+
+_PROVIDER_NAME_LIMIT = 64  # OpenAI and Anthropic: [A-Za-z0-9_-]{1,64}
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """A registered tool with what was compiled for it at registration."""
+
+    tool: Tool
+    schema: dict[str, Any]  # a private, normalized copy of the parameters schema, as compiled
+    validator: Validator | None
+    output_schema: dict[str, Any] | None  # normalized copy, as compiled
+    output_validator: Validator | None  # set only with validate_output=True
+    is_async: bool  # an `async def` body: it runs on the registry's event loop thread
+
+    @classmethod
+    def build(cls, tool: Tool) -> CatalogEntry:
+        """Compile the tool's schemas; `ValueError` for an invalid one."""
+        schema, validator = compile_schema(tool)
+        output_schema, output_validator = compile_output_schema(tool)
+        return cls(
+            tool,
+            schema,
+            validator,
+            output_schema,
+            output_validator if tool.validate_output else None,
+            inspect.iscoroutinefunction(tool.fn),
+        )
+
+
+class Catalog:
+    """The registered tools and their definitions, from one registration state.
+
+    `.tools` is sorted by name; `.schemas(style)` renders them for `"openai"` (function
+    calling), `"anthropic"` (tool use) or `"mcp"` (`tools/list`). Immutable and thread-safe.
+    """
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: Mapping[str, CatalogEntry]) -> None:
+        self._entries = tuple(entry for _, entry in sorted(entries.items()))
+
+    @property
+    def tools(self) -> tuple[Tool, ...]:
+        """The tools, sorted by name."""
+        return tuple(entry.tool for entry in self._entries)
+
+    def schemas(self, style: SchemaStyle = "openai") -> list[dict[str, Any]]:
+        """Tool definitions in the shape a model or client expects, sorted by name.
+
+        A tool without `parameters` gets `{"type": "object", "properties": {}}`. `"mcp"` adds
+        `title` and `annotations` when set, and `outputSchema` when it is enforced
+        (`validate_output=True`). `"openai"` and `"anthropic"` raise `ValueError` naming every
+        tool whose name that provider refuses (over 64 characters, or a `.`).
+        """
+        shape = _SHAPES.get(style)
+        if shape is None:
+            raise ValueError(f"unknown schema style {style!r}; use one of {sorted(_SHAPES)}")
+        if style != "mcp":
+            refused = [e.tool.name for e in self._entries if not _provider_accepts(e.tool.name)]
+            if refused:
+                raise ValueError(
+                    f"{style} refuses tool names longer than {_PROVIDER_NAME_LIMIT} characters "
+                    f"or containing '.': {', '.join(map(repr, refused))}; rename these tools "
+                    "or use the 'mcp' style"
+                )
+        return [shape(entry) for entry in self._entries]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"<Catalog tools={[entry.tool.name for entry in self._entries]!r}>"
+
+
+def _provider_accepts(name: str) -> bool:
+    return len(name) <= _PROVIDER_NAME_LIMIT and "." not in name
+
+
+def _openai(entry: CatalogEntry) -> dict[str, Any]:
+    tool = entry.tool
+    function = {"name": tool.name, "description": tool.description}
+    return {"type": "function", "function": {**function, "parameters": thaw(entry.schema)}}
+
+
+def _anthropic(entry: CatalogEntry) -> dict[str, Any]:
+    tool = entry.tool
+    return {"name": tool.name, "description": tool.description, "input_schema": thaw(entry.schema)}
+
+
+def _mcp(entry: CatalogEntry) -> dict[str, Any]:
+    tool = entry.tool
+    shape: dict[str, Any] = {"name": tool.name}
+    if tool.title is not None:
+        shape["title"] = tool.title
+    shape["description"] = tool.description
+    shape["inputSchema"] = thaw(entry.schema)
+    if entry.output_validator is not None:
+        shape["outputSchema"] = thaw(entry.output_schema)
+    if tool.annotations is not None:
+        shape["annotations"] = thaw(tool.annotations)
+    return shape
+
+
+_SHAPES: dict[str, Callable[[CatalogEntry], dict[str, Any]]] = {
+    "openai": _openai,
+    "anthropic": _anthropic,
+    "mcp": _mcp,
+}
