@@ -82,6 +82,12 @@ def start_thread(fn: Callable[[], object]) -> threading.Thread:
     return thread
 
 
+def eager(source: CancelSource) -> CancelSource:
+    """Make a (lazy) source eager, as any listener does: linked into its parents, timer armed."""
+    source.token.on_cancel(lambda: None).remove()
+    return source
+
+
 def held_links(token: CancelToken) -> int:
     """White-box: how many child links `token` holds (dead or alive)."""
     children = token._children
@@ -384,9 +390,18 @@ def test_context_manager_returns_the_source_and_closes_it_on_exit_even_on_error(
 # -- links and listener hygiene (white-box reads of the parent's child set) ------------------
 
 
-def test_closed_child_unlinks_from_every_parent_at_once() -> None:
+def test_a_lazy_child_holds_nothing_on_its_parents_until_someone_listens() -> None:
     a, b = CancelSource(), CancelSource()
     child = CancelSource(a.token, b.token)
+    assert held_links(a.token) == held_links(b.token) == 0
+    b.cancel("b")
+    assert child.token.cancelled and child.token.reason == "b"  # resolved on read
+    assert held_links(a.token) == 0
+
+
+def test_closed_child_unlinks_from_every_parent_at_once() -> None:
+    a, b = CancelSource(), CancelSource()
+    child = eager(CancelSource(a.token, b.token))
     assert held_links(a.token) == held_links(b.token) == 1
     child.close()
     assert held_links(a.token) == held_links(b.token) == 0
@@ -394,14 +409,16 @@ def test_closed_child_unlinks_from_every_parent_at_once() -> None:
 
 def test_cancelled_child_unlinks_from_every_parent_at_once() -> None:
     a, b = CancelSource(), CancelSource()
-    child = CancelSource(a.token, b.token)
+    child = eager(CancelSource(a.token, b.token))
+    assert held_links(a.token) == held_links(b.token) == 1
     child.cancel("x")
     assert held_links(a.token) == held_links(b.token) == 0
 
 
 def test_fused_child_cancelled_by_one_parent_unlinks_from_the_other() -> None:
     a, b = CancelSource(), CancelSource()
-    child = CancelSource(a.token, b.token)
+    child = eager(CancelSource(a.token, b.token))
+    assert held_links(b.token) == 1
     a.cancel("a")
     assert child.token.cancelled
     assert held_links(b.token) == 0
@@ -409,7 +426,8 @@ def test_fused_child_cancelled_by_one_parent_unlinks_from_the_other() -> None:
 
 def test_closed_deadline_leaves_nothing_on_its_parent() -> None:
     parent = CancelSource()
-    budget = deadline(parent.token, 60.0, code="TOOL_TIMEOUT")
+    budget = eager(deadline(parent.token, 60.0, code="TOOL_TIMEOUT"))
+    assert held_links(parent.token) == 1 and budget.token._timer is not None  # white-box
     budget.close()
     assert held_links(parent.token) == 0
     assert parent.token._listeners is None  # white-box: nothing registered either
@@ -859,18 +877,32 @@ def test_100k_deep_chain_cancels_without_recursion_error(
 def test_100k_deep_chain_under_a_deadline_is_cancelled_by_the_timer(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # Hold the timer thread while the chain is built, so the deadline fires on the whole chain.
+    # Hold the timer thread while the chain is built and made eager (a callback on the leaf),
+    # so the deadline fires on the whole linked chain at once.
     entered, release = threading.Event(), threading.Event()
     busy = deadline(None, 0.001)
     busy.token.on_cancel(lambda: (entered.set(), release.wait(60)))
-    assert entered.wait(WAIT)
-    root = deadline(None, 0.001)
-    leaf = deep_chain(root.token, 100_000)
-    assert not leaf.cancelled
-    release.set()
+    try:
+        assert entered.wait(WAIT)
+        root = deadline(None, 0.001)
+        root.token.on_cancel(lambda: None)  # eager: armed now, fired by the (held) timer
+        leaf = deep_chain(root.token, 100_000)
+        fired: list[str] = []
+        leaf.on_cancel(lambda: fired.append(threading.current_thread().name))
+        assert not leaf.cancelled
+    finally:
+        release.set()
     assert leaf.wait(WAIT)
     assert root.timed_out and leaf.reason == TimeoutReason("TIMEOUT", 0.001)
+    assert fired and fired[0].startswith("toolreg-timer")
     assert not error_records(caplog)
+
+
+def test_100k_deep_lazy_chain_reads_its_deadline_without_recursion_error() -> None:
+    root = deadline(None, 0.001)
+    leaf = deep_chain(root.token, 100_000)
+    assert leaf.wait(WAIT)  # a lazy chain resolves (and links) iteratively
+    assert leaf.reason == TimeoutReason("TIMEOUT", 0.001) and root.timed_out
 
 
 def test_100k_wide_fan_out_cancels_every_child() -> None:
@@ -1571,7 +1603,8 @@ def test_deadline_beyond_the_platform_wait_limit_does_not_kill_the_timer() -> No
         """
         import threading
         from toolreg import deadline
-        far = deadline(None, 1e10)  # finite and positive: valid per API.md
+        far = deadline(None, 1e10)  # finite and positive: valid
+        far.token.on_cancel(lambda: None)  # armed on the shared timer
         [timer] = [t for t in threading.enumerate() if t.name == "toolreg-timer"]
         timer.join(2.0)  # with the bug it dies at once, waiting for `far`
         near = deadline(None, 0.05)

@@ -3,11 +3,18 @@
 A `CancelSource` owns cancellation; its `CancelToken` only observes it. Sources link to parent
 tokens, so tokens form a tree: cancelling a parent cancels every linked descendant.
 
-Design rules (each one answers a known trap, see PITFALLS.md):
+Design rules (each one answers a known trap, see docs/contract.md):
 
-* Propagation is push-based and eager. `cancel()` marks the whole linked subtree as cancelled
-  first, walking it with an explicit worklist (never the Python stack), and only then runs user
-  callbacks, in the cancelling thread, with no lock held.
+* Links are lazy until someone listens. A new source only *remembers* its parents and its due
+  time; reading `.cancelled` (or `.reason`) resolves it against them, iteratively, and records
+  the first cause (a parent's cancellation or its own due time, whichever came first, with that
+  moment as `_cancelled_at`). Registering a callback, waiting, or linking a child makes the
+  token eager first: linked into its parents and its timer armed. So a call that nobody listens
+  to costs no link and no timer entry, and what every reader sees is the same as with eager
+  links.
+* Propagation over eager links is push-based. `cancel()` marks the whole linked subtree as
+  cancelled first, walking it with an explicit worklist (never the Python stack), and only then
+  runs user callbacks, in the cancelling thread, with no lock held.
 * A parent holds its children *weakly*. A child that is closed or cancelled removes its link from
   every parent at once; the link of a child dropped without `close()` is swept when the parent's
   set of children doubles. So a long-lived parent holds no state for children that came and went,
@@ -194,10 +201,14 @@ class CancelToken:
         "_cancelled_at",
         "_children",
         "_closed",
+        "_due",
+        "_due_reason",
         "_event",
+        "_linking",
         "_links",
         "_listeners",
         "_lock",
+        "_pending",
         "_reason",
         "_sweep_at",
         "_timed_out",
@@ -218,6 +229,14 @@ class CancelToken:
     _links: list[tuple[CancelToken, weakref.ref[CancelToken]]] | None  # our place in parents
     _event: threading.Event | None  # created for the first waiter only
     _timer: TimerEntry | None
+    # Lazy state, cleared once eager (or cancelled, or closed): parents not linked yet, and the
+    # due time (monotonic) and (code, seconds) of a timer not armed yet. Readers resolve
+    # through them without a lock; `_linking` is set while one thread makes the token eager,
+    # which keeps `_pending`/`_due` readable until the links and the timer are in place.
+    _pending: tuple[CancelToken, ...] | None
+    _due: float | None
+    _due_reason: tuple[str, float] | None
+    _linking: bool
 
     def __init__(self) -> None:
         raise TypeError("CancelToken cannot be created directly: use CancelSource().token")
@@ -230,16 +249,22 @@ class CancelToken:
     @property
     def cancelled(self) -> bool:
         """True once cancelled (lock-free)."""
-        return self._cancelled
+        if self._cancelled:
+            return True
+        if self._pending is None and self._due is None:
+            return False
+        return _resolve(self)
 
     @property
     def reason(self) -> object:
         """The reason passed to `cancel()` (or a `TimeoutReason`); None while live."""
+        if not self._cancelled and (self._pending is not None or self._due is not None):
+            _resolve(self)
         return self._reason
 
     def raise_if_cancelled(self) -> None:
         """Raise `Cancelled(reason)` if the token is cancelled."""
-        if self._cancelled:
+        if self.cancelled:
             raise Cancelled(self._reason)
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -247,13 +272,14 @@ class CancelToken:
 
         An `Event` is created on the first wait only, so tokens nobody waits on stay small.
         """
-        if self._cancelled:
+        if self.cancelled:
             return True
+        _materialize(self)
         event = self._event
         if event is None:
             new_event = threading.Event()  # allocated before taking the lock
             with self._lock:
-                if self.cancelled:  # re-read under the lock
+                if self._cancelled:  # re-read under the lock (eager now: pushes set the event)
                     return True
                 event = self._event
                 if event is None:
@@ -271,6 +297,7 @@ class CancelToken:
         """
         if not callable(callback):
             raise TypeError(f"on_cancel() needs a callable, got {type(callback).__name__}")
+        _materialize(self)
         listener = _Listener(self, callback)
         spare: dict[int, _Listener] | None = {} if self._listeners is None else None
         with self._lock:
@@ -288,6 +315,9 @@ class CancelToken:
 
     def _attach(self, ref: weakref.ref[CancelToken]) -> bool:
         """Hold a child weakly; False (nothing held) if this token is already cancelled."""
+        if self.cancelled:
+            return False
+        _materialize(self)  # an eager child needs an eager parent to push to it
         spare: set[weakref.ref[CancelToken]] | None = set() if self._children is None else None
         with self._lock:
             if self._cancelled:
@@ -322,14 +352,21 @@ class CancelToken:
             children.difference_update(dead)
             self._sweep_at = max(_FIRST_SWEEP, 2 * len(children))
 
-    def _mark(self, reason: object, from_timer: bool, from_parent: bool) -> _Marked | None:
-        """Set the cancelled state; return what to notify, or None if it was not live."""
+    def _mark(
+        self, reason: object, from_timer: bool, from_parent: bool, at: float | None = None
+    ) -> _Marked | None:
+        """Set the cancelled state; return what to notify, or None if it was not live.
+
+        `at` is when the cancellation happened, for one resolved lazily (default: now).
+        """
+        when = time.monotonic() if at is None else at
         with self._lock:
             if self._cancelled or (self._closed and (from_parent or from_timer)):
                 return None
             self._reason = reason
             self._timed_out = from_timer
-            self._cancelled_at = time.monotonic()
+            self._cancelled_at = when
+            self._pending = self._due = None
             self._cancelled = True  # written last: a lock-free reader then also sees the reason
             listeners, self._listeners = self._listeners, None
             children, self._children = self._children, None
@@ -356,26 +393,54 @@ class CancelToken:
         self._links = links
         for parent, _ in links:
             if not parent._attach(ref):
-                _cancel(self, parent._reason)
+                _cancel(self, parent._reason, at=parent._cancelled_at)
                 return
-            if self.cancelled:
-                # A parent cancelled us while we attached; its cleanup may have run first.
+            if self._cancelled or self._closed:
+                # A parent cancelled us (or our owner closed us) while we attached; its cleanup
+                # may have run first.
                 parent._detach(ref)
                 return
 
     def _arm(self, seconds: float, reason: TimeoutReason) -> None:
         entry = _TIMER.schedule(self, seconds, reason)
         with self._lock:
-            if not self._cancelled:
+            if not (self._cancelled or self._closed):
                 self._timer = entry
                 return
         entry.disarm()
 
+    def _make_eager(self) -> None:
+        """Link this token into its parents and arm its timer; its parents are eager already."""
+        with self._lock:
+            if self._cancelled or self._closed or self._linking:
+                return  # nothing to do, or another thread is doing it (and readers still resolve)
+            pending, due, why = self._pending, self._due, self._due_reason
+            if pending is None and due is None:
+                return
+            self._linking = True
+        try:
+            if pending is not None:
+                self._link_to(pending)
+            if due is not None and why is not None and not self._cancelled:
+                reason = TimeoutReason(*why)
+                remaining = due - time.monotonic()
+                if remaining <= 0:
+                    _cancel(self, reason, from_timer=True, at=due)
+                else:
+                    self._arm(remaining, reason)
+        finally:
+            with self._lock:
+                self._pending = self._due = None  # eager now: pushes reach it, the timer fires
+                self._linking = False
+
     def _close(self) -> None:
+        if self._pending is not None or self._due is not None:
+            _resolve(self)  # a cause that came before close() counts, as it would have eagerly
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            self._pending = self._due = None
             links, self._links = self._links, None
             timer, self._timer = self._timer, None
         if links:
@@ -385,7 +450,7 @@ class CancelToken:
             timer.disarm()
 
     def _state_repr(self) -> str:
-        if self._cancelled:
+        if self.cancelled:
             return f"cancelled reason={self._reason!r}"
         return "live"
 
@@ -421,6 +486,8 @@ def _new_token(cls: type[CancelToken] = CancelToken) -> CancelToken:
     self._cancelled = self._timed_out = self._closed = False
     self._reason = self._listeners = self._children = self._links = None
     self._event = self._timer = None
+    self._pending = self._due = self._due_reason = None
+    self._linking = False
     self._sweep_at = _FIRST_SWEEP
     return self
 
@@ -428,11 +495,15 @@ def _new_token(cls: type[CancelToken] = CancelToken) -> CancelToken:
 _NEVER = _new_token(_NeverToken)
 
 
-def _cancel(token: CancelToken, reason: object, from_timer: bool = False) -> bool:
+def _cancel(
+    token: CancelToken, reason: object, from_timer: bool = False, at: float | None = None
+) -> bool:
     """Cancel `token` and its linked subtree; run their callbacks. True if it was live."""
-    marked = token._mark(reason, from_timer, False)
+    marked = token._mark(reason, from_timer, False, at)
     if marked is None:
         return False
+    if marked == (None, None):
+        return True  # nothing linked below it, nothing registered: the common, lazy case
     pending = [marked]
     callbacks: dict[int, _Listener] = {}
     interrupted: BaseException | None = None
@@ -524,7 +595,8 @@ class CancelSource:
     @property
     def timed_out(self) -> bool:
         """True if this source's own timer cancelled it (not a parent, not `cancel()`)."""
-        return self._token._timed_out
+        token = self._token
+        return token.cancelled and token._timed_out
 
     def cancel(self, reason: object = None) -> bool:
         """Cancel the token and its linked descendants; True only for the call that cancelled.
@@ -546,7 +618,7 @@ class CancelSource:
 
     def __repr__(self) -> str:
         token = self._token
-        timed = " timed_out" if token._timed_out else ""
+        timed = " timed_out" if self.timed_out else ""
         closed = " closed" if token._closed else ""
         return f"<CancelSource {token._state_repr()}{timed}{closed}>"
 
@@ -558,10 +630,18 @@ def _new_source_token(parents: tuple[object, ...], seconds: object, code: str) -
             raise TypeError(f"parents must be CancelTokens, got {type(parent).__name__}{hint}")
     timeout = None if seconds is None else _check_seconds(seconds, "timeout")
     token = _new_token()
-    if parents and not (len(parents) == 1 and parents[0] is _NEVER):
-        token._link_to(parents)  # type: ignore[arg-type]
-    if timeout is not None and not token._cancelled:
-        token._arm(timeout, TimeoutReason(code, timeout))
+    # Lazy: remember the parents and the due time; linking and arming wait for a listener.
+    if parents:
+        if len(parents) == 1:
+            if parents[0] is not _NEVER:
+                token._pending = parents  # type: ignore[assignment]
+        else:
+            linked = tuple(parent for parent in parents if parent is not _NEVER)
+            if linked:
+                token._pending = linked  # type: ignore[assignment]
+    if timeout is not None:
+        token._due_reason = (code, timeout)
+        token._due = time.monotonic() + timeout
     return token
 
 
@@ -589,10 +669,114 @@ def timeout_of(token_or_reason: object, code: str | None = None) -> TimeoutReaso
     """
     reason = token_or_reason
     if isinstance(token_or_reason, CancelToken):
-        reason = token_or_reason._reason
+        reason = token_or_reason.reason
     if isinstance(reason, TimeoutReason) and (code is None or reason.code == code):
         return reason
     return None
+
+
+# -- lazy links ------------------------------------------------------------------------------------
+
+_EAGER_AFTER = 32  # a lazy ancestry this deep is made eager on read, so reads stay O(1) after
+
+
+def _resolve(token: CancelToken) -> bool:
+    """Is a lazy `token` cancelled by now? If so, mark it (and its lazy ancestors) and say True.
+
+    The first cause wins, by when it happened: a parent's cancellation (at that parent's
+    `_cancelled_at`) or the token's own due time. Marking is the ordinary `_cancel`, so two
+    threads resolving at once agree (the first mark wins) and a callback registered meanwhile
+    still runs exactly once.
+    """
+    pending = token._pending
+    if token._due is None and pending is not None and len(pending) == 1:
+        parent = pending[0]
+        if parent._pending is None and parent._due is None:  # one eager parent: the common case
+            if not parent._cancelled:
+                return False
+            _cancel(token, parent._reason, at=parent._cancelled_at)
+            return True
+    return _resolve_graph(token)
+
+
+def _resolve_graph(token: CancelToken) -> bool:
+    """`_resolve` over any ancestry of lazy tokens, iteratively (any depth, any fan-in)."""
+    now = time.monotonic()
+    causes: dict[int, tuple[float, object, bool] | None] = {}  # id -> (when, reason, by timer)
+    order: list[CancelToken] = []  # lazy tokens, parents before children
+    stack = [token]
+    while stack:
+        node = stack[-1]
+        if id(node) in causes:
+            stack.pop()
+            continue
+        waiting = False
+        for parent in node._pending or ():
+            lazy = parent._pending is not None or parent._due is not None
+            if lazy and not parent._cancelled and id(parent) not in causes:
+                stack.append(parent)
+                waiting = True
+        if waiting:
+            continue
+        stack.pop()
+        causes[id(node)] = _first_cause(node, now, causes)
+        order.append(node)
+    if len(order) > _EAGER_AFTER:
+        _materialize(token)
+    for node in order:
+        cause = causes[id(node)]
+        if cause is not None and not node._cancelled:
+            when, reason, by_timer = cause
+            _cancel(node, reason, from_timer=by_timer, at=when)
+    return token._cancelled
+
+
+def _first_cause(
+    node: CancelToken, now: float, causes: dict[int, tuple[float, object, bool] | None]
+) -> tuple[float, object, bool] | None:
+    """The earliest of a lazy token's causes, given its parents' (already resolved) causes."""
+    if node._cancelled:
+        return (node._cancelled_at, node._reason, node._timed_out)
+    first: tuple[float, object, bool] | None = None
+    due, why = node._due, node._due_reason
+    if due is not None and why is not None and now >= due:
+        first = (due, TimeoutReason(*why), True)
+    for parent in node._pending or ():
+        if parent._cancelled:
+            cause: tuple[float, object, bool] | None = (
+                parent._cancelled_at,
+                parent._reason,
+                False,
+            )
+        else:
+            inherited = causes.get(id(parent))
+            cause = None if inherited is None else (inherited[0], inherited[1], False)
+        if cause is not None and (first is None or cause[0] < first[0]):
+            first = cause
+    return first
+
+
+def _materialize(token: CancelToken) -> None:
+    """Make `token` eager: link it (and its lazy ancestors, roots first) and arm its timer."""
+    if token._pending is None and token._due is None:
+        return
+    order: list[CancelToken] = []  # parents before children
+    seen: set[int] = set()
+    stack: list[tuple[CancelToken, bool]] = [(token, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        for parent in node._pending or ():
+            if parent._pending is not None or parent._due is not None:
+                stack.append((parent, False))
+    for node in order:
+        node._make_eager()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,155 @@
+"""Lazy links: a source links into its parents and arms its timer only when someone listens.
+
+Until then reading `.cancelled`/`.reason` resolves it against its parents and its due time, and
+every reader must see exactly what eager links would have shown. White-box reads of private
+fields are marked as such.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from _registry_helpers import WAIT, Caller
+
+from toolreg import CancelSource, CancelToken, TimeoutReason, deadline, timeout_of
+
+
+def test_a_lazy_child_inherits_the_parents_reason_and_moment() -> None:
+    parent = CancelSource()
+    child = CancelSource(parent.token)
+    parent.cancel("stop")
+    assert child.token._cancelled is False  # white-box: nothing was pushed to it
+    assert child.token.reason == "stop"
+    assert child.token._cancelled_at == parent.token._cancelled_at  # white-box
+
+
+def test_a_lazy_deadline_reads_as_timed_out_after_its_due_time_without_a_timer() -> None:
+    budget = deadline(None, 0.01, code="TOOL_TIMEOUT")
+    due = time.monotonic() + 0.01
+    assert budget.token._timer is None  # white-box: nothing armed
+    pause = threading.Event()
+    while time.monotonic() < due:
+        assert not budget.token.cancelled
+        pause.wait(0.002)
+    assert budget.token.cancelled and budget.timed_out
+    assert budget.token.reason == TimeoutReason("TOOL_TIMEOUT", 0.01)
+    assert budget.token._timer is None  # white-box: still never armed
+    assert timeout_of(budget.token, "TOOL_TIMEOUT") is not None
+
+
+def test_a_deadline_closed_before_its_due_time_never_times_out() -> None:
+    budget = deadline(None, 0.01)
+    budget.close()
+    assert not budget.token.wait(0.03)
+    assert not budget.timed_out and not budget.token.cancelled
+
+
+def test_a_deadline_closed_after_its_due_time_has_timed_out() -> None:
+    budget = deadline(None, 0.001)
+    threading.Event().wait(0.005)
+    budget.close()
+    assert budget.timed_out and budget.token.cancelled
+
+
+def test_the_parent_wins_when_it_was_cancelled_before_the_due_time() -> None:
+    parent = CancelSource()
+    budget = deadline(parent.token, 0.005)
+    parent.cancel("caller")
+    threading.Event().wait(0.01)  # read only after the due time: the order is what counts
+    assert budget.token.reason == "caller"
+    assert not budget.timed_out
+
+
+def test_the_timer_wins_when_the_parent_was_cancelled_after_the_due_time() -> None:
+    parent = CancelSource()
+    budget = deadline(parent.token, 0.002)
+    threading.Event().wait(0.01)
+    parent.cancel("caller, late")
+    assert budget.timed_out
+    assert budget.token.reason == TimeoutReason("TIMEOUT", 0.002)
+
+
+def test_the_earliest_of_several_lazy_parents_is_the_cause() -> None:
+    a, b = CancelSource(), CancelSource()
+    mid_a, mid_b = CancelSource(a.token), CancelSource(b.token)
+    child = CancelSource(mid_b.token, mid_a.token)
+    b.cancel("first")
+    a.cancel("second")
+    assert child.token.reason == "first"
+    assert mid_a.token.reason == "second"
+
+
+def test_a_callback_on_a_lazy_token_whose_parent_was_cancelled_runs_at_once() -> None:
+    parent = CancelSource()
+    child = CancelSource(parent.token)
+    parent.cancel("gone")
+    ran: list[int] = []
+    child.token.on_cancel(lambda: ran.append(threading.get_ident()))
+    assert ran == [threading.get_ident()]
+
+
+def test_a_callback_makes_a_lazy_deadline_fire_on_the_timer_thread() -> None:
+    budget = deadline(None, 0.01)
+    names: list[str] = []
+    done = threading.Event()
+    budget.token.on_cancel(lambda: (names.append(threading.current_thread().name), done.set()))
+    assert budget.token._timer is not None  # white-box: the listener armed it
+    assert done.wait(WAIT)
+    assert names and names[0].startswith("toolreg-timer") and budget.timed_out
+
+
+def test_a_reader_during_a_concurrent_link_sees_a_cancellation_that_already_happened(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Hold the thread making the child eager exactly inside its link into the parent.
+    parent = CancelSource()
+    child = CancelSource(parent.token)
+    linking, release = threading.Event(), threading.Event()
+    real_attach = CancelToken._attach
+
+    def held_attach(self: CancelToken, ref: Any) -> bool:
+        if self is parent.token:
+            linking.set()
+            assert release.wait(WAIT)
+        return real_attach(self, ref)
+
+    monkeypatch.setattr(CancelToken, "_attach", held_attach)
+    ran: list[str] = []
+    listener = Caller(lambda: child.token.on_cancel(lambda: ran.append("callback")))
+    assert linking.wait(WAIT)
+    parent.cancel("stop")  # completes while the child is half linked
+    assert child.token.cancelled and child.token.reason == "stop"
+    release.set()
+    listener.join()
+    assert ran == ["callback"]
+
+
+def test_a_million_lazy_children_leave_nothing_on_their_parent() -> None:
+    parent = CancelSource()
+    for _ in range(1_000_000 // 50):
+        children = [CancelSource(parent.token) for _ in range(50)]
+        del children
+    assert parent.token._children is None and parent.token._listeners is None  # white-box
+
+
+def test_eager_and_lazy_tokens_agree_under_racing_cancels() -> None:
+    for _ in range(200):
+        parent = CancelSource()
+        lazy = CancelSource(parent.token)
+        eager = CancelSource(parent.token)
+        eager.token.on_cancel(lambda: None)
+        barrier = threading.Barrier(2)
+
+        def read(lazy: CancelSource = lazy, barrier: threading.Barrier = barrier) -> object:
+            barrier.wait(WAIT)
+            return lazy.token.reason if lazy.token.cancelled else None
+
+        reader = Caller(read)
+        barrier.wait(WAIT)
+        parent.cancel("x")
+        assert reader.join() in (None, "x")  # never cancelled with anything else
+        assert lazy.token.cancelled and eager.token.cancelled
+        assert lazy.token.reason == eager.token.reason == "x"
