@@ -23,6 +23,7 @@ from ._stats import LogStats, iter_records, number_or_none, tool_key
 
 __all__ = [
     "DEFAULT_MAX_BARS",
+    "EACH_CALL_LIMIT",
     "DEFAULT_OVERDUE",
     "Call",
     "ReportData",
@@ -35,7 +36,9 @@ __all__ = [
 DEFAULT_OVERDUE = 0.25
 """Seconds a body may keep running after cancellation before the report calls it overdue."""
 DEFAULT_MAX_BARS = 100_000
-"""Calls the timeline draws at most; beyond that it shows a sample (the page says which)."""
+"""Calls the page holds at most; beyond that it holds a sample (the page says which)."""
+EACH_CALL_LIMIT = 2_000
+"""The timeline draws each call while at most this many are in view; with more, heat strips."""
 _SLOWEST_KEPT = 100  # the slowest calls are always drawn, whatever the sample
 
 MISSING_EXTRA = (
@@ -46,32 +49,35 @@ HELP = f"""\
 Writes one self-contained HTML file (it opens without a network: the plotting library, plotly,
 is inlined) from result logs written by toolreg.log.ResultLog:
 
-* a timeline with one bar per call, from entry to the final result, grouped by tool (calls of a
-  tool that overlap get lanes of their own), colored by result code; inside it the body's span
-  (dispatched to settled), a tick where the call's token was first seen cancelled, and, outlined
-  and drawn dark, calls whose body kept running more than --overdue seconds (default
-  {DEFAULT_OVERDUE:g}) after that: the non-quiescent bodies that hold a cancelled turn up. Below
-  it, how many calls were in flight over time (every call, by code);
-* per-tool latency distributions (box and histogram), the slowest and the overdue calls;
+* a timeline with one bar per call, from entry to the final result, grouped by tool (calls of
+  a tool that overlap get lanes of their own) and colored by result code; inside each bar the
+  body's span (dispatched to settled), a tick where the call's token was first seen cancelled,
+  and, outlined in red, the calls whose body kept running more than --overdue seconds after
+  that (default {DEFAULT_OVERDUE:g}): the non-quiescent bodies that hold a cancelled turn up.
+  Under it, the mean number of calls in flight over time, by code;
+* per-tool latency distributions (box and histogram), the overdue and the slowest calls;
 * the table `python -m toolreg stats` prints, for the calls that pass the filters.
 
-Lines written before call timelines existed have no entry time or body span: such a call is
-placed from `time` - `duration` (approximately: `time` is when the line was logged) and drawn
-without a body span or cancellation tick; the page says how many calls that concerns.
+Log lines written before call timelines existed have no entry time or body span: such a call
+is placed at `time - duration` (a little late: `time` is when the line was logged) and drawn
+without a body or a cancellation tick; the page says how many calls that concerns.
 
-Files are read like `stats` reads them (rotated and gzipped siblings too, --no-rotated for only
-the named files); bad lines are counted and listed, never fatal. Filters: --tool NAME (repeat it
-for several tools), --since and --until (ISO 8601: 2026-12-01, 2026-12-01T05:00:00Z, ...; a time
-without an offset is UTC) keep the calls that overlap that window (entered before --until and
-finished after --since); calls without a usable time are left out when a window is given.
+Files are read as `stats` reads them (rotated and gzipped siblings too; --no-rotated reads only
+the named files); bad lines are counted and listed, never fatal. Filters: --tool NAME (repeat
+it for several tools); --since and --until (ISO 8601: 2026-12-01, 2026-12-01T05:00:00Z, ...; a
+time without an offset is UTC) keep the calls that overlap the window (entered before --until,
+finished after --since), and leave out calls without a usable time.
 
-Large logs: up to --max-bars calls (default {DEFAULT_MAX_BARS:,}) are drawn; beyond that, the
-timeline draws every overdue call, the {_SLOWEST_KEPT} slowest, the failures, then an even sample
-of the rest, and the page says so; the in-flight chart, the distributions and the table always
-count every call. Above 2,000 drawn calls the timeline is drawn with WebGL.
+Large logs: the page draws each call while at most {EACH_CALL_LIMIT:,} are in view and redraws
+as you zoom; with more in view it aggregates (per tool, a heat strip of calls in flight, with
+overdue calls and failures still drawn one by one). Up to --max-bars calls (default
+{DEFAULT_MAX_BARS:,}) go into the page; beyond that it keeps every overdue call, the
+{_SLOWEST_KEPT} slowest, then failures and an even sample of the rest, and says so. The
+distributions and tables always count every call.
 
 Exit status: 0; 1 if a PATH could not be read, no file could be read (nothing is written), the
-output could not be written, or plotly is missing (pip install 'toolreg[report]')."""
+output could not be written, or plotly is missing (pip install 'toolreg[report]'); 2 for bad
+arguments."""
 
 
 @dataclass(frozen=True)
@@ -242,6 +248,8 @@ def choose_drawn(calls: list[Call], limit: int, overdue: float) -> tuple[list[Ca
         ("failed", [c for c in calls if c.code != "ok" and id(c) not in chosen]),
         ("successful", [c for c in calls if c.code == "ok" and id(c) not in chosen]),
     ):
+        if not group:
+            continue
         room = limit - len(chosen)
         taken = _evenly(group, room)
         chosen.update(id(call) for call in taken)
@@ -251,8 +259,8 @@ def choose_drawn(calls: list[Call], limit: int, overdue: float) -> tuple[list[Ca
             picked.append(f"{len(taken):,} of {len(group):,} {label} (an even sample)")
     drawn = [call for call in calls if id(call) in chosen]
     note = (
-        f"The timeline draws {len(drawn):,} of {len(calls):,} calls: {', '.join(picked)}. "
-        "The in-flight chart, the distributions and the tables count every call."
+        f"The timeline and its in-flight chart show {len(drawn):,} of {len(calls):,} calls: "
+        f"{', '.join(picked)}. The distributions and the tables count every call."
     )
     return drawn, note
 

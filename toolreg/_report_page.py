@@ -21,14 +21,11 @@ from typing import Any
 
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
-from ._report import Call, ReportData, choose_drawn
+from ._report import EACH_CALL_LIMIT, Call, ReportData, choose_drawn
 from ._report_js import SCRIPT
 from ._stats import ToolStats, code_table_cells, table_cells
 
-__all__ = ["EACH_CALL_LIMIT", "render"]
-
-EACH_CALL_LIMIT = 2_000
-"""The timeline draws each call when at most this many are in view; above, heat strips."""
+__all__ = ["render"]
 
 _CODE_COLORS = {
     "ok": "#59a14f",
