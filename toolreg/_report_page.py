@@ -167,13 +167,15 @@ def _timeline_layout(blocks: list[tuple[str, float, float]], band: float) -> dic
         }
         for _, _, last in blocks[:-1][:200]
     ]
+    plot = band / 0.76  # the band is the top 76% of the plot area, the in-flight chart below
     return {
-        "height": round(band / 0.76 + 110),
-        "margin": {"l": 150, "r": 20, "t": 40, "b": 50},
+        "height": round(plot + 40 + 120),
+        "margin": {"l": 150, "r": 20, "t": 40, "b": 120},
         "barmode": "overlay",
         "hovermode": "closest",
         "showlegend": True,
-        "legend": {"orientation": "h", "x": 0, "y": -0.12, "yanchor": "top"},
+        # Under the axis title: 62 px below the plot area, whatever its height.
+        "legend": {"orientation": "h", "x": 0, "y": -62 / plot, "yanchor": "top"},
         "xaxis": {"type": "date", "anchor": "y2", "title": {"text": "time (UTC)"}},
         "yaxis": {
             "domain": [0.24, 1.0],
