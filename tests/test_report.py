@@ -394,15 +394,29 @@ def test_bad_lines_are_listed_in_the_page_not_fatal(
     assert "partial line" in page and len(payload(page)["ids"]) == 6
 
 
-def test_a_tool_name_cannot_break_out_of_the_page(plotly: Any, tmp_path: Path) -> None:
+def test_a_log_without_calls_still_makes_a_page(plotly: Any, tmp_path: Path) -> None:
     path = tmp_path / "calls.jsonl"
-    name = "</script><script>alert(1)</script>"
-    path.write_text(line("<b>id</b>", name, "TOOL_ERROR", 0.0, 0.1, message="<img src=x>"))
+    path.write_text('{"name": "search", "ok": true}\n')  # no time: counted, not drawn
     out = tmp_path / "report.html"
     assert report(str(path), "-o", str(out)) == 0
     page = out.read_text(encoding="utf-8")
-    assert name not in page and "<img src=x>" not in page and "<b>id</b>" not in page
+    assert 'id="timeline"' not in page
+    assert "1 call(s) have no usable time" in page and "<td>search</td>" in page
+    assert report(str(path), "-o", str(out), "--tool", "other") == 0
+    assert "No call matches." in out.read_text(encoding="utf-8")
+
+
+def test_a_tool_name_cannot_break_out_of_the_page(plotly: Any, tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    name = "</script><script>alert(1)</script>"
+    path.write_text(line("<b>id</b>", name, "<i>X</i>", 0.0, 0.1, message="<img src=x>"))
+    out = tmp_path / "report.html"
+    assert report(str(path), "-o", str(out)) == 0
+    page = out.read_text(encoding="utf-8")
+    for raw in (name, "<img src=x>", "<b>id</b>", "<i>X</i>"):
+        assert raw not in page
     data = payload(page)
+    assert data["codes"] == ["&lt;i&gt;X&lt;/i&gt;"]
     assert data["tools"] == ["&lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt;"]
     assert data["ids"] == ["&lt;b&gt;id&lt;/b&gt;"]
 

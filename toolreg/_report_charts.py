@@ -98,9 +98,10 @@ def timeline_data(drawn: list[Call], colors: dict[str, str], overdue: float) -> 
         "tool": _typed("i", "i4", (tool_index[call.name] for call in drawn)),
         "message": _typed("i", "i4", message_of),
         "estimated": _typed("B", "u1", (call.estimated for call in drawn)),
+        "late": _typed("B", "u1", ((call.overrun or 0.0) > overdue for call in drawn)),
         "ids": [text(call.call_id) for call in drawn],
         "messages": [text(short(message, 80)) for message in messages],
-        "codes": codes,
+        "codes": [text(code) for code in codes],  # a log may hold any string
         "counts": counts,
         "colors": [colors[code] for code in codes],
         "lightColors": [_alpha(colors[code], 0.55) for code in codes],

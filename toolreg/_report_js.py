@@ -30,12 +30,9 @@ function toolregTimeline(id, D, config) {
   var dispatched = decode(D.dispatched), cancelled = decode(D.cancelled);
   var settled = decode(D.settled), lane = decode(D.y), code = decode(D.code);
   var tool = decode(D.tool), message = decode(D.message), estimated = decode(D.estimated);
-  var n = entered.length, ends = new Float64Array(n), late = new Uint8Array(n);
-  for (var i = 0; i < n; i++) {
-    ends[i] = entered[i] + finished[i] * 1000;
-    late[i] = isFinite(cancelled[i]) && isFinite(settled[i]) &&
-      settled[i] - cancelled[i] > D.overdue ? 1 : 0;
-  }
+  var late = decode(D.late);  // overdue, decided in Python on the unrounded times
+  var n = entered.length, ends = new Float64Array(n);
+  for (var i = 0; i < n; i++) ends[i] = entered[i] + finished[i] * 1000;
   var full = [D.start, D.stop], fullY = [D.lanes - 0.5 + 0.3, -0.8];
   var view = {x0: full[0], x1: full[1], y: fullY.slice()};
 
