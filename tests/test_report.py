@@ -568,25 +568,37 @@ function summary(draw) {
     note: draw.layout.annotations[0].text,
     range: draw.layout.xaxis.range,
     traces: draw.traces.map(t => ({type: t.type, name: t.name, uid: t.uid, n: (t.x || []).length,
-      hover: t.hovertext || t.text || null, base: t.base || null, x: t.x || null})),
+      hover: t.hovertext || t.text || null, base: t.base || null, x: t.x || null,
+      visible: t.visible === undefined ? true : t.visible})),
   };
 }
 (async () => {
-  await Promise.resolve();
-  gd.handler(%(zoom)s);
+  for (const event of %(events)s) {
+    await Promise.resolve();
+    if (event.hide) {  // what a click on a legend entry does
+      gd.data.forEach(t => { if (t.legendgroup === event.hide) t.visible = "legendonly"; });
+    } else {
+      gd.handler(event);
+    }
+  }
   await Promise.resolve();
   console.log(JSON.stringify(draws.map(summary)));
 })();
 """
 
 
-def run_script(data: dict[str, Any], zoom: dict[str, Any]) -> list[dict[str, Any]]:
+def run_script(data: dict[str, Any], *events: dict[str, Any]) -> list[dict[str, Any]]:
+    """The draws of the timeline script: the first, then one per event that redraws."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
     from toolreg._report_js import SCRIPT
 
-    program = _HARNESS % {"script": SCRIPT, "data": json.dumps(data), "zoom": json.dumps(zoom)}
+    program = _HARNESS % {
+        "script": SCRIPT,
+        "data": json.dumps(data),
+        "events": json.dumps(events),
+    }
     done = subprocess.run(
         [node, "-"], input=program, capture_output=True, text=True, timeout=60, check=False
     )
@@ -606,7 +618,8 @@ def test_script_draws_each_call_with_its_body_cancel_tick_and_overdue_outline(
 ) -> None:
     data = _page_data(known_log, tmp_path)
     zoom = {"xaxis.range[0]": iso(1.5)[:-1], "xaxis.range[1]": iso(4)[:-1]}
-    first, zoomed = run_script(data, zoom)
+    reset = {"xaxis.autorange": True, "yaxis.autorange": True}  # a double-click
+    first, zoomed, again = run_script(data, zoom, {"hide": "TOOL_TIMEOUT"}, reset)
     traces = {trace["uid"]: trace for trace in first["traces"]}
     assert first["note"] == "6 calls in view"
     aborted = data["codes"].index("ABORTED")
@@ -636,6 +649,11 @@ def test_script_draws_each_call_with_its_body_cancel_tick_and_overdue_outline(
         "c-timeout",
         "c-unknown",
     ]
+    # A double-click shows everything again; a code hidden from the legend stays hidden.
+    assert again["note"] == "6 calls in view" and again["range"] == first["range"]
+    timeout = data["codes"].index("TOOL_TIMEOUT")
+    hidden = {t["uid"] for t in again["traces"] if t["visible"] == "legendonly"}
+    assert hidden == {f"bar-{timeout}", f"body-{timeout}", f"entry-{timeout}", f"flight-{timeout}"}
 
 
 def test_script_aggregates_when_too_many_calls_are_in_view(plotly: Any, tmp_path: Path) -> None:
