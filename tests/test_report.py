@@ -406,6 +406,21 @@ def test_a_log_without_calls_still_makes_a_page(plotly: Any, tmp_path: Path) -> 
     assert "No call matches." in out.read_text(encoding="utf-8")
 
 
+def test_non_finite_numbers_in_a_log_are_not_fatal(plotly: Any, tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    path.write_text(
+        KNOWN[0]
+        + '{"name": "search", "ok": true, "duration": NaN, "time": "2026-12-01T05:00:01Z"}\n'
+        + '{"name": "search", "ok": false, "code": "ABORTED", "duration": Infinity}\n'
+        + line("x", "search", None, 2.0, 0.1, timeline={"entered": iso(2.0), "finished": -1e400})
+    )
+    out = tmp_path / "report.html"
+    assert report(str(path), "-o", str(out)) == 0
+    page = out.read_text(encoding="utf-8")
+    assert payload(page)["ids"] == ["c-ok", "x"]  # x: an unusable `finished`, its duration used
+    assert "<td>4</td>" in page  # all four counted in the table
+
+
 def test_a_tool_name_cannot_break_out_of_the_page(plotly: Any, tmp_path: Path) -> None:
     path = tmp_path / "calls.jsonl"
     name = "</script><script>alert(1)</script>"

@@ -209,9 +209,15 @@ def tool_key(name: object) -> str:
 
 
 def number_or_none(value: object) -> float | None:
-    """`value` as a float if it is a JSON number (not a bool), else None."""
+    """`value` as a float if it is a finite JSON number (not a bool, NaN or infinity), else None.
+
+    `json.loads` accepts `NaN` and `Infinity`; ResultLog never writes them, and a duration like
+    that would make every percentile of its tool meaningless.
+    """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        number = float(value)
+        if math.isfinite(number):
+            return number
     return None
 
 
