@@ -412,13 +412,14 @@ def test_non_finite_numbers_in_a_log_are_not_fatal(plotly: Any, tmp_path: Path) 
         KNOWN[0]
         + '{"name": "search", "ok": true, "duration": NaN, "time": "2026-12-01T05:00:01Z"}\n'
         + '{"name": "search", "ok": false, "code": "ABORTED", "duration": Infinity}\n'
+        + '{"name": "search", "ok": true, "duration": 1e300, "time": "2026-12-01T05:00:01Z"}\n'
         + line("x", "search", None, 2.0, 0.1, timeline={"entered": iso(2.0), "finished": -1e400})
     )
     out = tmp_path / "report.html"
     assert report(str(path), "-o", str(out)) == 0
     page = out.read_text(encoding="utf-8")
     assert payload(page)["ids"] == ["c-ok", "x"]  # x: an unusable `finished`, its duration used
-    assert "<td>4</td>" in page  # all four counted in the table
+    assert "<td>5</td>" in page  # all five counted in the table
 
 
 def test_a_tool_name_cannot_break_out_of_the_page(plotly: Any, tmp_path: Path) -> None:

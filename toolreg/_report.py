@@ -40,6 +40,7 @@ DEFAULT_MAX_BARS = 100_000
 EACH_CALL_LIMIT = 2_000
 """The timeline draws each call while at most this many are in view; with more, heat strips."""
 _SLOWEST_KEPT = 100  # the slowest calls are always drawn, whatever the sample
+_LONGEST_CALL = 1e9  # seconds; a longer duration or offset is not placed in time
 
 MISSING_EXTRA = (
     "python -m toolreg report needs the plotting library plotly: pip install 'toolreg[report]'"
@@ -222,7 +223,8 @@ def _from_timeline(timeline: object, duration: float | None, common: dict[str, A
 
 
 def _offset_ok(seconds: float) -> bool:
-    return math.isfinite(seconds) and seconds >= 0.0
+    # Past ~31 years a duration is corrupt, and `time - duration` would leave the calendar.
+    return 0.0 <= seconds <= _LONGEST_CALL
 
 
 # -- what the timeline draws -----------------------------------------------------------------------
