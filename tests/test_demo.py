@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXPECTED = {"ABORTED", "ABORTED_BEFORE_DISPATCH", "DENIED", "TOOL_TIMEOUT", "TOOL_ERROR"}
 
 
@@ -28,6 +30,8 @@ def test_demo_runs_and_shows_every_outcome(tmp_path: Path) -> None:
         assert code in done.stdout
     log = tmp_path / "calls.jsonl"
     assert str(log) in done.stdout
+    page = tmp_path / "report.html"
+    assert f"python -m toolreg report {log} -o {page}" in done.stdout
     stats = run("stats", "--json", str(log))
     assert stats.returncode == 0, stats.stderr
     document = json.loads(stats.stdout)
@@ -56,7 +60,19 @@ def test_demo_json_is_one_document_with_the_story(tmp_path: Path) -> None:
     assert (batch["calls"], batch["codes"]) == (8, {"ok": 8})
 
 
+def test_the_printed_report_command_writes_the_page(tmp_path: Path) -> None:
+    pytest.importorskip("plotly")
+    assert run("demo", "--json", "--log-dir", str(tmp_path)).returncode == 0
+    page = tmp_path / "report.html"
+    done = run("report", str(tmp_path / "calls.jsonl"), "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    text = page.read_text(encoding="utf-8")
+    for code in EXPECTED:
+        assert code in text
+    assert "render_video" in text
+
+
 def test_help_lists_the_subcommands() -> None:
     done = run("--help")
     assert done.returncode == 0
-    assert "demo" in done.stdout and "stats" in done.stdout
+    assert "demo" in done.stdout and "stats" in done.stdout and "report" in done.stdout

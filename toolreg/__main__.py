@@ -1,4 +1,4 @@
-"""`python -m toolreg <command>`: `demo` (a short live demonstration) and `stats` (log figures)."""
+"""`python -m toolreg <command>`: `demo` (a live demonstration), `stats` and `report` (of logs)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from . import _demo, _stats
+from . import _demo, _report, _stats
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,9 +28,18 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _stats.add_arguments(stats)
+    report = commands.add_parser(
+        "report",
+        help="an HTML page of the calls in result logs: timeline, latencies, the stats table",
+        description=_report.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _report.add_arguments(report)
     args = parser.parse_args(argv)
     if args.command == "demo":
         return _demo.run(args)
+    if args.command == "report":
+        return _report.run(args)
     return _stats.run(args)
 
 

@@ -10,6 +10,7 @@ Nothing to configure; it takes about a second.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -152,6 +153,9 @@ class _Demo:
         self.table()
         self.say(f"\n{len(self.rows)} results written to {self.log_path}")
         self.say(f"per-tool figures: python -m toolreg stats {self.log_path}")
+        page = os.path.join(os.path.dirname(self.log_path), "report.html")
+        needs = "" if importlib.util.find_spec("plotly") else "  (pip install 'toolreg[report]')"
+        self.say(f"see what happened: python -m toolreg report {self.log_path} -o {page}{needs}")
         return {
             "log": self.log_path,
             "steps": self.steps,

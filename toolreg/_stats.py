@@ -12,11 +12,24 @@ import re
 import sys
 import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-__all__ = ["LogStats", "ToolStats", "add_arguments", "log_files", "read_logs", "run"]
+__all__ = [
+    "LogStats",
+    "ToolStats",
+    "add_arguments",
+    "code_table_cells",
+    "format_seconds",
+    "iter_records",
+    "log_files",
+    "number_or_none",
+    "read_logs",
+    "run",
+    "table_cells",
+    "tool_key",
+]
 
 HELP = """\
 Per tool: calls, successes, each error code, p50/p95/max duration, and how many calls were
@@ -116,28 +129,36 @@ class LogStats:
             self.bad.append(BadLine(path, line, reason))
 
     def add_line(self, path: str, number: int, raw: bytes) -> None:
+        """Count one raw line: a result record is added, anything else counted as bad."""
+        record = self.parse_line(path, number, raw)
+        if record is not None:
+            self.add_record(record)
+
+    def parse_line(self, path: str, number: int, raw: bytes) -> dict[str, Any] | None:
+        """The result record on `raw`, or None (a bad line is counted, a blank one ignored)."""
         if not raw.endswith(b"\n"):
             self.add_bad(path, number, "partial line (no newline at the end of the file)")
-            return
+            return None
         if not raw.strip():
-            return  # blank lines carry nothing
+            return None  # blank lines carry nothing
         try:
             record = json.loads(raw)
         except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
             self.add_bad(path, number, f"not JSON ({exc})")
-            return
+            return None
         problem = _check_record(record)
         if problem:
             self.add_bad(path, number, problem)
-            return
-        name = record["name"]
-        key = name if isinstance(name, str) else json.dumps(name)
+            return None
+        return cast("dict[str, Any]", record)  # _check_record made sure it is one
+
+    def add_record(self, record: dict[str, Any]) -> None:
+        """Add a checked result record (from `parse_line`) to its tool's figures."""
+        key = tool_key(record["name"])
         tool = self.tools.get(key)
         if tool is None:
             tool = self.tools[key] = ToolStats(key)
-        duration = record.get("duration")
-        usable = isinstance(duration, (int, float)) and not isinstance(duration, bool)
-        tool.add(record["ok"], record.get("code"), float(duration) if usable else None)
+        tool.add(record["ok"], record.get("code"), number_or_none(record.get("duration")))
         self.records += 1
 
     def total(self) -> ToolStats:
@@ -146,6 +167,11 @@ class LogStats:
         for tool in self.tools.values():
             total.merge(tool)
         return total
+
+    def table_rows(self) -> list[ToolStats]:
+        """The tools by name, then the total; [] when there are none."""
+        rows = [self.tools[name] for name in sorted(self.tools)]
+        return [*rows, self.total()] if rows else []
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -163,9 +189,8 @@ class LogStats:
     def format(self) -> str:
         """A human-readable report."""
         out = [f"{len(self.files)} file(s), {self.records} record(s), {self.bad_lines} bad line(s)"]
-        rows = [self.tools[name] for name in sorted(self.tools)]
+        rows = self.table_rows()
         if rows:
-            rows.append(self.total())
             out.append("")
             out.extend(_table(rows))
             out.extend(_code_table(rows))
@@ -176,6 +201,24 @@ class LogStats:
         for path, why in self.unreadable.items():
             out.append(f"cannot read {path}: {why}")
         return "\n".join(out)
+
+
+def tool_key(name: object) -> str:
+    """The tool name a record is counted under (a name that is not a string: its JSON)."""
+    return name if isinstance(name, str) else json.dumps(name)
+
+
+def number_or_none(value: object) -> float | None:
+    """`value` as a float if it is a finite JSON number (not a bool, NaN or infinity), else None.
+
+    `json.loads` accepts `NaN` and `Infinity`; ResultLog never writes them, and a duration like
+    that would make every percentile of its tool meaningless.
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+        if math.isfinite(number):
+            return number
+    return None
 
 
 def _check_record(record: object) -> str | None:
@@ -198,7 +241,8 @@ def _nearest_rank(ordered: list[float], fraction: float) -> float | None:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def _seconds(value: float | None) -> str:
+def format_seconds(value: float | None) -> str:
+    """A duration as `12.3ms` or `4.56s` (`-` for None)."""
     if value is None:
         return "-"
     if value < 1.0:
@@ -207,6 +251,16 @@ def _seconds(value: float | None) -> str:
 
 
 def _table(rows: list[ToolStats]) -> list[str]:
+    return _aligned(table_cells(rows))
+
+
+def _code_table(rows: list[ToolStats]) -> list[str]:
+    cells = code_table_cells(rows)
+    return ["", *_aligned(cells)] if cells else []
+
+
+def table_cells(rows: list[ToolStats]) -> list[list[str]]:
+    """The cells of the per-tool table (two header rows, then one row per tool)."""
     head = ["tool", "calls", "ok", "failed", "aborted", "aborted before", "p50", "p95", "max"]
     cells = [head, ["", "", "", "", "(dispatched)", "dispatch", "", "", ""]]
     for tool in rows:
@@ -219,21 +273,22 @@ def _table(rows: list[ToolStats]) -> list[str]:
                 str(tool.calls - tool.ok),
                 str(tool.aborted_after_dispatch),
                 str(tool.aborted_before_dispatch),
-                _seconds(spread["p50"]),
-                _seconds(spread["p95"]),
-                _seconds(spread["max"]),
+                format_seconds(spread["p50"]),
+                format_seconds(spread["p95"]),
+                format_seconds(spread["max"]),
             ]
         )
-    return _aligned(cells)
+    return cells
 
 
-def _code_table(rows: list[ToolStats]) -> list[str]:
+def code_table_cells(rows: list[ToolStats]) -> list[list[str]]:
+    """The cells of the errors-by-code table (a header row, then one row per tool); [] if none."""
     codes = sorted({code for tool in rows for code in tool.codes})
     if not codes:
         return []
     cells = [["errors by code", *codes]]
     cells.extend([tool.name, *(str(tool.codes[code]) for code in codes)] for tool in rows)
-    return ["", *_aligned(cells)]
+    return cells
 
 
 def _aligned(cells: list[list[str]]) -> list[str]:
@@ -286,6 +341,19 @@ def _rotated(path: str) -> list[str]:
 def read_logs(paths: Iterable[str], include_rotated: bool = True) -> LogStats:
     """Read every file of `log_files(paths)` into one `LogStats`; bad lines are counted."""
     stats = LogStats()
+    for record in iter_records(paths, stats, include_rotated):
+        stats.add_record(record)
+    return stats
+
+
+def iter_records(
+    paths: Iterable[str], stats: LogStats, include_rotated: bool = True
+) -> Iterator[dict[str, Any]]:
+    """Yield the result records of every file of `log_files(paths)`, oldest file first.
+
+    Only the reading is recorded in `stats`: the files read, the unreadable ones, bad lines.
+    What to do with each record (`stats.add_record`, a filter, ...) is the caller's choice.
+    """
     for path in log_files(paths, include_rotated):
         try:
             stream = _open(path)
@@ -297,11 +365,12 @@ def read_logs(paths: Iterable[str], include_rotated: bool = True) -> LogStats:
             number = 0
             try:
                 for number, raw in enumerate(stream, 1):
-                    stats.add_line(path, number, raw)
+                    record = stats.parse_line(path, number, raw)
+                    if record is not None:
+                        yield record
             except (OSError, EOFError, zlib.error) as exc:
                 # A gzip cut short, or a read error: keep what was read, report where it ended.
                 stats.add_bad(path, number + 1, f"file ends unexpectedly ({exc})")
-    return stats
 
 
 def _open(path: str) -> io.BufferedIOBase:
