@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +280,24 @@ def test_ints_too_long_to_convert_are_written_as_markers(tmp_path: Path) -> None
     bits = (10**5000).bit_length()
     assert line["arguments"] == {"n": f"<int too long to write: {bits} bits>", "m": 2}
     assert keyed["arguments"] == {f"<int too long to write: {bits} bits>": "v"}
+
+
+def test_a_mapping_that_fails_while_being_read_is_written_as_a_marker(tmp_path: Path) -> None:
+    class Exploding(Mapping[str, Any]):
+        def __getitem__(self, key: str) -> Any:
+            raise KeyError(key)
+
+        def __iter__(self) -> Iterator[str]:
+            raise RuntimeError("dictionary changed size during iteration")
+
+        def __len__(self) -> int:
+            return 1
+
+    path = tmp_path / "calls.jsonl"
+    with ResultLog(path, redact=lambda arguments: Exploding()) as log:
+        log(result_of(arguments={"a": 1}))
+    [line] = lines_of(path)
+    assert line["arguments"] == "<unencodable Exploding: RuntimeError>"
 
 
 def test_stats_reads_lines_with_and_without_a_timeline(tmp_path: Path) -> None:

@@ -307,6 +307,29 @@ def test_write_failures_count_every_lost_line_and_are_logged_once_per_burst(
     assert [line["arguments"]["n"] for line in lines_of(path)] == ["back"]
 
 
+@pytest.mark.parametrize("per_line", [True, False], ids=["per-line", "grouped"])
+def test_a_result_that_cannot_be_encoded_loses_its_line_not_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, per_line: bool
+) -> None:
+    broken = ToolResult(None, True, "no call")  # type: ignore[arg-type]
+    path = tmp_path / "calls.jsonl"
+    with (
+        caplog.at_level(logging.ERROR, logger="toolreg"),
+        ResultLog(path, per_line=per_line) as log,
+    ):
+        log(result(0))
+        log(broken)
+        log(result(1))
+        assert log.flush(WAIT)
+        assert log._writer.queueing is not per_line  # the drain did not crash
+        with pytest.raises(TypeError, match="ToolResult"):
+            log("not a result")  # type: ignore[arg-type]
+    assert log.write_errors == 1
+    assert [line["call_id"] for line in lines_of(path)] == ["c-0", "c-1"]
+    [report] = [r for r in caplog.records if r.name == "toolreg"]
+    assert report.exc_info is not None and isinstance(report.exc_info[1], AttributeError)
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_full_disk_loses_the_lines_but_never_a_call(
     no_leaked_threads_or_fds: None,

@@ -180,7 +180,9 @@ class LineWriter:
         """Per-line mode (and after a crash): encode and write on the calling thread."""
         if self._closed:
             raise self._closed_error()
-        line = self._encode(result, logged_at)
+        line = self._encode_entry(result, logged_at)
+        if line is None:
+            return
         with self._write_lock:
             if self._handler_closed:
                 raise self._closed_error()
@@ -283,7 +285,9 @@ class LineWriter:
                 lines, size = [], 0
                 entry.set()
                 continue
-            line = self._encode(*entry)
+            line = self._encode_entry(*entry)
+            if line is None:
+                continue
             lines.append(line)
             size += len(line) + 1
             if size >= self.group_bytes:
@@ -297,7 +301,16 @@ class LineWriter:
                 self._handed = index + 1
                 entry.set()
             else:
-                self._emit([self._encode(*entry)], index + 1)
+                line = self._encode_entry(*entry)
+                self._emit([] if line is None else [line], index + 1)
+
+    def _encode_entry(self, result: Any, logged_at: float) -> str | None:
+        """The line, or None (counted and reported like a failed write) if encoding failed."""
+        try:
+            return self._encode(result, logged_at)
+        except Exception as exc:  # a result with broken attributes: lose its line, not the log
+            self._account(exc, 1)
+            return None
 
     def _emit(self, lines: list[str], handed: int) -> None:
         # Handed over before the write: a crash from here on must not write these again.
@@ -395,7 +408,10 @@ class LineWriter:
             self._wake.put(None)
             drain.join()
         # Entries the drain did not see: appended as it exited, or left behind by a crash.
-        self._write_pending(grouped=True)
+        try:
+            self._write_pending(grouped=True)
+        except Exception:
+            logger.exception("toolreg: ResultLog could not write its last lines to %s", self.path)
         with self._write_lock:
             self._handler_closed = True
             try:

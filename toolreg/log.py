@@ -70,6 +70,7 @@ import math
 import os
 import threading
 import time
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -214,6 +215,8 @@ class ResultLog:
         the thread that joined the call, after its result was frozen). A failed write is
         reported, never raised.
         """
+        if not isinstance(result, ToolResult):
+            raise TypeError(f"ResultLog logs ToolResult objects, got {type(result).__name__}")
         self._writer.submit(result)
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -483,8 +486,10 @@ def _fast_line(
             f'"cancelled":{parts[1]},"settled":{parts[2]},"finished":{parts[3]}}}'
         )
     try:
-        arguments_text = _ENCODER.encode(arguments)
-    except (TypeError, ValueError, RecursionError):
+        arguments_text = _flat_object(arguments) if type(arguments) in _PLAIN_MAPPINGS else None
+        if arguments_text is None:
+            arguments_text = _ENCODER.encode(arguments)
+    except Exception:  # what JSON cannot hold, or a mapping changed under us
         return None
     return (
         f'{{"time":"{stamp}","call_id":{_string(call_id)},"name":{_string(name)},'
@@ -494,6 +499,36 @@ def _fast_line(
         f'"dispatched":{"true" if dispatched else "false"},"duration":{duration_text}'
         f'{timeline},"arguments":{arguments_text},"pid":{_pid}}}'
     )
+
+
+_PLAIN_MAPPINGS = (dict, types.MappingProxyType)
+_SAFE_INT = 10**15  # far below the int-to-str digit limit
+
+
+def _flat_object(mapping: Any) -> str | None:
+    """A mapping of str keys to scalars as the encoder writes it; None for anything else.
+
+    Most tool arguments look like this, and it saves building an encoder per line.
+    """
+    parts = []
+    for key, value in mapping.items():
+        if type(key) is not str:
+            return None
+        kind = type(value)
+        if kind is str:
+            text = _string(value)
+        elif kind is bool:
+            text = "true" if value else "false"
+        elif kind is int and -_SAFE_INT < value < _SAFE_INT:
+            text = int.__repr__(value)
+        elif kind is float and value - value == 0.0:
+            text = _float_text(value)
+        elif value is None:
+            text = "null"
+        else:
+            return None
+        parts.append(f"{_string(key)}:{text}")
+    return "{" + ",".join(parts) + "}"
 
 
 def _fallback(value: object) -> object:
@@ -516,9 +551,9 @@ _ENCODER = json.JSONEncoder(
 def _encode(record: Mapping[str, Any]) -> str:
     try:
         return _ENCODER.encode(record)
-    except (TypeError, ValueError, RecursionError):
-        # Non-finite floats, cycles, keys JSON cannot have, very deep nesting, or an int too
-        # long for int's string conversion.
+    except Exception:
+        # Non-finite floats, cycles, keys JSON cannot have, very deep nesting, an int too long
+        # for int's string conversion, or a hostile mapping.
         return _ENCODER.encode(_sanitize(record, 0, set()))
 
 
