@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _log_helpers import WAIT, RedactGate, echo_registry, lines_of, log_files, read_text
-from _registry_helpers import wait_until
+from _log_helpers import WAIT, EmitGate, RedactGate, echo_registry, lines_of, log_files, read_text
+from _registry_helpers import Caller, wait_until
 from concurrent_log_handler import ConcurrentRotatingFileHandler
 
 import toolreg._logwriter as logwriter
@@ -205,6 +205,28 @@ def test_close_writes_lines_still_lingering(no_leaked_threads_or_fds: None, tmp_
         log(result(n))
     log.close()  # cuts the linger short and writes them
     assert [line["call_id"] for line in lines_of(path)] == [f"c-{n}" for n in range(5)]
+
+
+def test_a_second_close_returns_only_once_the_first_has_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = EmitGate(monkeypatch)
+    path = tmp_path / "calls.jsonl"
+    log = ResultLog(path)
+    for n in range(20):
+        log(result(n))
+    assert gate.reached.wait(WAIT)  # the drain is writing; lines wait behind it
+    first = Caller(log.close, name="first-close")
+    wait_until(lambda: log.closed, "the first close under way")
+
+    def second_close() -> int:
+        log.close()
+        return len(path.read_text().splitlines())
+
+    second = Caller(second_close, name="second-close")
+    gate.release()
+    first.join()
+    assert second.join() == 20  # every line was in the file when the second close returned
 
 
 def test_the_drain_is_a_daemon_thread_joined_by_close(

@@ -122,6 +122,7 @@ class LineWriter:
         # code (`redact` runs in `encode`, outside it).
         self._lock = threading.Lock()
         self._closed = False
+        self._close_done = threading.Event()  # set when the first close() has finished
         self._write_errors = 0
         self._burst_kinds: set[tuple[str, int | None]] = set()
         self._burst_lost = 0
@@ -390,19 +391,29 @@ class LineWriter:
         return self._closed
 
     def close(self) -> None:
-        """Stop queueing, write everything queued, close the file; idempotent."""
+        """Stop queueing, write everything queued, close the file; idempotent.
+
+        A second caller (another thread) returns once the first caller's close has finished.
+        """
         if self._drain is not None and threading.current_thread() is self._drain:
             raise RuntimeError(
                 "ResultLog.close() called on its own drain thread (from redact?): it would "
                 "wait for itself; close the log from another thread"
             )
         with self._lock:
-            if self._closed:
-                return
+            closing = not self._closed
             self._closed = True
             self.queueing = False
             drain = self._drain
-        _open_writers.discard(self)
+        if not closing:  # another thread is closing it: done when that close is
+            self._close_done.wait()
+            return
+        try:
+            self._finish_close(drain)
+        finally:
+            self._close_done.set()
+
+    def _finish_close(self, drain: threading.Thread | None) -> None:
         if drain is not None:
             self._stopping = True
             self._wake.put(None)
@@ -418,6 +429,8 @@ class LineWriter:
                 self._handler.close()
             except Exception:
                 logger.exception("toolreg: ResultLog could not close %s", self.path)
+        # Only now: until the file is closed, a fork must still wait for its writes.
+        _open_writers.discard(self)
         self._drained.set()
 
     def _reset_in_child(self) -> None:
@@ -429,6 +442,8 @@ class LineWriter:
         self._burst_lost = 0
         if not self._closed:
             self._fresh_queue()
+        else:  # a close that was under way belongs to the parent
+            self._close_done.set()
 
 
 def _take_back(pending: deque[Any], item: object) -> bool:
