@@ -37,17 +37,20 @@ Grouped or per line
 -------------------
 That handler's cost is per lock, not per line: about six system calls (lock, size check, write,
 flush, unlock) whether it writes one line or a hundred. So by default a `ResultLog` *groups*:
-the observer only queues the result (a deque append, about a microsecond with the bookkeeping)
-and a drain thread encodes the queued results and writes them, many lines per lock. The
-trade-offs, all bounded:
+the observer only queues the result (a deque append: well under a microsecond) and a drain
+thread encodes the queued results and writes them, many lines per lock. The trade-offs, all
+bounded:
 
-* A line reaches the file shortly after `execute` returns (within a few milliseconds: the drain
-  lingers at most `linger` seconds to let lines share a lock), not before. `flush()` waits until
-  every line logged so far is written; `close()` writes every queued line first.
+* A line reaches the file shortly after `execute` returns (typically within a few
+  milliseconds: the drain lingers at most `linger` seconds to let lines share a lock), not
+  before. `flush()` waits until every line logged so far is written; `close()` writes every
+  queued line first.
 * A crash of the whole process (SIGKILL, `os._exit`) loses the lines still queued. Interpreter
-  exit does not (an `atexit` hook drains every open log), nor does the end of a `multiprocessing`
-  child started with fork (a multiprocessing finalizer does). Close or flush the log yourself
-  before calling `os._exit`.
+  exit does not (an `atexit` hook drains every open log once the non-daemon threads have
+  ended), nor does the end of a `multiprocessing` child started with fork (a multiprocessing
+  finalizer does). Close or flush the log yourself before calling `os._exit`.
+* `fork()` waits for a write in progress (at most one group), so that the child never inherits
+  a half-written buffer. The child starts its own drain thread at its first line.
 * `max_bytes` becomes softer: rotation is checked before each write, and a write is a group,
   so a file may exceed `max_bytes` by up to one group. Groups are capped at an eighth of
   `max_bytes` (at most 64 KiB) plus the line that crosses the cap.
@@ -138,22 +141,24 @@ class ResultLog:
     Thread- and process-safe: any number of threads may call the observer at once, and any
     number of processes may each open their own `ResultLog` on the same path. After `fork`, an
     inherited instance keeps working in the child, with its own drain thread (started at the
-    child's first line); lines the parent had queued are written once, by the parent.
+    child's first line); lines the parent had queued are written once, by the parent. The
+    drain thread is a daemon: it never keeps the interpreter alive, and `close()` joins it.
 
     Failures: a write that fails (disk full, permission denied, ...) never raises into the call
     and never changes its result. The lines are lost and counted in `write_errors`; the first
     failure of each kind in a burst is logged on the `toolreg` logger (ERROR, with the
     exception), later ones are only counted, and the first successful write after a burst is
     logged (WARNING, with how many lines the burst lost). A disk that fills in the middle of a
-    write can leave a partial line, which `stats` counts as bad. If the drain thread crashes,
-    that is logged and the log carries on per line, without losing the queued lines.
+    write can leave a partial line, which `stats` counts as bad. A result whose line cannot be
+    built at all (broken attributes) is counted and reported the same way. If the drain thread
+    crashes, that is logged and the log carries on per line, without losing the queued lines.
 
     Calling the observer after `close()` raises `RuntimeError`; the registry logs observer
     exceptions, so a call that finishes after the log was closed still returns its result.
 
     `close()` (or leaving the `with` block) writes every queued line, waits for writes in
-    progress, then closes the file. It is idempotent. Logs still open at interpreter exit are
-    closed then.
+    progress, then closes the file. It is idempotent (a concurrent second call returns when the
+    first has finished). Logs still open at interpreter exit are closed then.
     """
 
     def __init__(
@@ -213,7 +218,7 @@ class ResultLog:
         Grouped, the line is encoded and written later by the drain thread; its `time` is taken
         now. Per line, it is encoded and written here, on the calling thread (in a registry:
         the thread that joined the call, after its result was frozen). A failed write is
-        reported, never raised.
+        reported, never raised; anything but a `ToolResult` raises `TypeError`.
         """
         if not isinstance(result, ToolResult):
             raise TypeError(f"ResultLog logs ToolResult objects, got {type(result).__name__}")
