@@ -571,15 +571,8 @@ def _hold_in_guard_then_deny(registry: ToolRegistry, gate: Gate) -> None:
         (_hold_in_approver_then_refuse, ErrorCode.DENIED),
         (_hold_in_guard_then_deny, ErrorCode.DENIED),
     ],
-    ids=[
-        "tool-error",
-        "timeout",
-        "wrapper-error",
-        "post-on-failure",
-        "pre-deny",
-        "approver",
-        "guard",
-    ],
+    ids=["tool-error", "timeout", "wrapper-error", "post-on-failure", "pre-deny", "approver",
+         "guard"],
 )
 def test_failure_stays_when_cancellation_arrives_before_the_final_result(
     registry: ToolRegistry, setup: Callable[[ToolRegistry, Gate], None], code: ErrorCode
