@@ -1,19 +1,18 @@
-"""ResultLog: one JSON line per final result, shared by threads and processes, never failing a call.
+"""ResultLog: one JSON line per final result, shared by threads, never failing a call.
 
 Threads are ordered with `Event`s only; a gate inside the handler's `emit` holds the writing
-thread where a test needs lines to pile up.
+thread where a test needs lines to pile up. Grouping, flush, crashes and failure bursts:
+`test_log_writer.py`; the encoder: `test_log_encoding.py`; processes and fork:
+`test_log_processes.py`.
 """
 
 from __future__ import annotations
 
 import datetime
-import gzip
 import json
 import logging
 import math
-import multiprocessing
 import os
-import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -21,74 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _log_helpers import WAIT, EmitGate, echo_registry, lines_of
 from concurrent_log_handler import ConcurrentRotatingFileHandler
 
-from toolreg import CancelSource, ErrorCode, ToolCall, ToolRegistry, ToolResult
+from toolreg import ToolCall, ToolRegistry, ToolResult
 from toolreg.log import REDACTION_FAILED, ResultLog
-
-WAIT = 10.0  # bound on every handshake: a hang becomes a failure
-
-
-def strict_json(line: str) -> Any:
-    def reject(constant: str) -> Any:
-        raise ValueError(f"non-standard JSON constant {constant}")
-
-    return json.loads(line, parse_constant=reject)
-
-
-def lines_of(path: Path) -> list[Any]:
-    """Every record in `path` and its rotated siblings (`.N`, `.N.gz`), oldest file first."""
-    siblings = []
-    for candidate in path.parent.iterdir():
-        match = re.fullmatch(re.escape(path.name) + r"\.(\d+)(\.gz)?", candidate.name)
-        if match:
-            siblings.append((-int(match.group(1)), candidate))
-    records = []
-    for file in [*(p for _, p in sorted(siblings)), path]:
-        opener: Any = gzip.open if file.name.endswith(".gz") else open
-        with opener(file, "rt", encoding="ascii") as stream:
-            text = stream.read()
-        assert text == "" or text.endswith("\n"), f"{file.name} ends with a partial line"
-        records.extend(strict_json(line) for line in text.splitlines())
-    return records
 
 
 @pytest.fixture
 def registry() -> Iterator[ToolRegistry]:
-    with ToolRegistry(max_workers=4) as registry:
-
-        @registry.tool
-        def echo(args: Any, ctx: Any) -> Any:
-            return dict(args)
-
-        @registry.tool
-        def boom(args: Any, ctx: Any) -> Any:
-            raise ValueError("boom")
-
+    with echo_registry() as registry:
         yield registry
-
-
-class EmitGate:
-    """Patches the handler's `emit` so the first writing thread in this process waits."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.reached = threading.Event()
-        self.released = threading.Event()
-        self.threads: list[str] = []
-        self.pid = os.getpid()
-        original = ConcurrentRotatingFileHandler.emit
-
-        def emit(handler: ConcurrentRotatingFileHandler, record: logging.LogRecord) -> None:
-            self.threads.append(threading.current_thread().name)
-            if os.getpid() == self.pid and not self.reached.is_set():
-                self.reached.set()
-                assert self.released.wait(WAIT), "the emit gate was never released"
-            original(handler, record)
-
-        monkeypatch.setattr(ConcurrentRotatingFileHandler, "emit", emit)
-
-    def release(self) -> None:
-        self.released.set()
 
 
 # -- the lines ---------------------------------------------------------------------------------
@@ -121,15 +63,20 @@ def test_each_final_result_is_one_line_with_the_contract_fields(
     assert abs((now - stamp).total_seconds()) < 60
 
 
-def test_the_line_is_written_on_the_joining_thread(
-    tmp_path: Path, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("per_line", [True, False], ids=["per-line", "grouped"])
+def test_per_line_writes_on_the_joining_thread_and_grouped_on_the_drain(
+    tmp_path: Path, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch, per_line: bool
 ) -> None:
     gate = EmitGate(monkeypatch)
     gate.release()
-    with ResultLog(tmp_path / "calls.jsonl") as log:
+    with ResultLog(tmp_path / "calls.jsonl", per_line=per_line) as log:
         registry.on_result(log)
         registry.execute("echo", {})
-    assert gate.threads == [threading.current_thread().name]
+        if per_line:  # already written when execute returned
+            assert gate.threads == [threading.current_thread().name]
+    writer = threading.current_thread().name if per_line else "toolreg-log-drain"
+    assert gate.threads == [writer]
+    assert len(lines_of(tmp_path / "calls.jsonl")) == 1
 
 
 def test_redact_replaces_what_is_logged_as_arguments(
@@ -248,7 +195,8 @@ def test_each_kind_of_write_failure_is_reported_once_and_counted(
         raise next(failures)
 
     monkeypatch.setattr(ConcurrentRotatingFileHandler, "do_write", do_write)
-    with caplog.at_level(logging.ERROR, logger="toolreg"), ResultLog(tmp_path / "c") as log:
+    path = tmp_path / "c"
+    with caplog.at_level(logging.ERROR, logger="toolreg"), ResultLog(path, per_line=True) as log:
         registry.on_result(log)
         results = [registry.execute("echo", {}) for _ in range(6)]
     assert all(result.ok for result in results)
@@ -271,6 +219,14 @@ def test_a_bad_directory_fails_at_construction_not_at_the_first_call(tmp_path: P
         ({"max_bytes": 1.5}, TypeError),
         ({"backup_count": True}, TypeError),
         ({"redact": "not callable"}, TypeError),
+        ({"per_line": True, "background": True}, ValueError),
+        ({"per_line": False, "background": False}, ValueError),
+        ({"per_line": "yes"}, TypeError),
+        ({"background": 1}, TypeError),
+        ({"linger": -0.001}, ValueError),
+        ({"linger": 2.0}, ValueError),
+        ({"linger": math.nan}, ValueError),
+        ({"linger": "2ms"}, TypeError),
     ],
 )
 def test_settings_that_would_lose_lines_or_make_no_sense_are_rejected(
@@ -278,6 +234,26 @@ def test_settings_that_would_lose_lines_or_make_no_sense_are_rejected(
 ) -> None:
     with pytest.raises(error):
         ResultLog(tmp_path / "calls.jsonl", **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("options", "per_line"),
+    [
+        ({}, False),
+        ({"per_line": True}, True),
+        ({"per_line": False}, False),
+        ({"background": True}, False),
+        ({"background": False}, True),  # what background=False always meant: the caller writes
+        ({"per_line": True, "background": False}, True),
+        ({"per_line": False, "background": True}, False),
+    ],
+)
+def test_grouped_is_the_default_and_background_keeps_its_meaning(
+    tmp_path: Path, options: dict[str, Any], per_line: bool
+) -> None:
+    with ResultLog(tmp_path / "calls.jsonl", **options) as log:
+        assert (log.per_line, log.background) == (per_line, not per_line)
+        assert ("per-line" if per_line else "grouped") in repr(log)
 
 
 def test_only_backup_count_retires_old_files(tmp_path: Path) -> None:
@@ -320,28 +296,33 @@ def test_a_call_finishing_after_the_log_closed_still_returns_its_result(
     assert any("observer" in r.getMessage() for r in caplog.records)
 
 
-def test_background_mode_loses_nothing_on_close(
+@pytest.mark.parametrize("options", [{}, {"background": True}], ids=["default", "background"])
+def test_close_writes_every_queued_line_in_order(
     no_leaked_threads_or_fds: None,
     tmp_path: Path,
     registry: ToolRegistry,
     monkeypatch: pytest.MonkeyPatch,
+    options: dict[str, Any],
 ) -> None:
     gate = EmitGate(monkeypatch)
     path = tmp_path / "calls.jsonl"
-    log = ResultLog(path, background=True)
+    log = ResultLog(path, **options)
     registry.on_result(log)
     ids = [registry.execute("echo", {"n": n}).call.call_id for n in range(300)]
-    assert gate.reached.wait(WAIT)  # the writer thread holds the first line: 299 are queued
+    assert gate.reached.wait(WAIT)  # the drain holds its first group: the rest is queued
     assert threading.current_thread().name not in gate.threads
     gate.release()
     log.close()
     assert [line["call_id"] for line in lines_of(path)] == ids
 
 
-def test_concurrent_threads_each_get_whole_lines(tmp_path: Path, registry: ToolRegistry) -> None:
+@pytest.mark.parametrize("per_line", [True, False], ids=["per-line", "grouped"])
+def test_concurrent_threads_each_get_whole_lines(
+    tmp_path: Path, registry: ToolRegistry, per_line: bool
+) -> None:
     path = tmp_path / "calls.jsonl"
     start = threading.Barrier(8)
-    with ResultLog(path, max_bytes=20_000, backup_count=50) as log:
+    with ResultLog(path, max_bytes=20_000, backup_count=50, per_line=per_line) as log:
         registry.on_result(log)
 
         def caller(k: int) -> None:
@@ -367,93 +348,3 @@ def test_the_library_leaves_logging_configuration_alone(
     assert logging.getLogger("toolreg").handlers == []
     assert logging.getLogger().handlers == root_handlers
     assert caplog.records == []  # the line went to the file only, not through logging
-
-
-# -- several processes -------------------------------------------------------------------------
-
-PER_PROCESS = 500
-ROTATING = {"max_bytes": 16_384, "backup_count": 500}
-
-
-def _write_results(log: ResultLog | str, tag: str, options: dict[str, Any]) -> None:
-    """A child process: 500 calls through a registry, some failing, some cancelled."""
-    if isinstance(log, str):
-        log = ResultLog(log, **options)
-    with ToolRegistry(max_workers=2) as registry:
-        registry.tool(lambda args, ctx: args["n"], name="work")
-        registry.on_result(log)
-        gone = CancelSource()
-        gone.cancel()
-        for n in range(PER_PROCESS):
-            call = ToolCall("work" if n % 7 else "missing", {"n": n}, call_id=f"{tag}-{n}")
-            token = gone.token if n % 11 == 0 else None
-            registry.execute(call, token=token, start_if_cancelled=False)
-    log.close()
-
-
-@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
-@pytest.mark.parametrize("use_gzip", [False, True], ids=["plain", "gzip"])
-def test_processes_share_and_rotate_one_file_without_losing_or_duplicating_a_line(
-    tmp_path: Path, use_gzip: bool
-) -> None:
-    path = tmp_path / "calls.jsonl"
-    options = {**ROTATING, "gzip": use_gzip}
-    # Forked children inherit this instance, after it already opened the file and wrote a line.
-    inherited = ResultLog(path, **options)
-    inherited(ToolResult.success(ToolCall("parent", call_id="parent-0"), 0))
-    spawn = multiprocessing.get_context("spawn")
-    fork = multiprocessing.get_context("fork")
-    children = [
-        spawn.Process(target=_write_results, args=(str(path), "spawn-a", options)),
-        spawn.Process(
-            target=_write_results, args=(str(path), "spawn-b", {**options, "background": True})
-        ),
-        fork.Process(target=_write_results, args=(inherited, "fork-a", options)),
-        fork.Process(target=_write_results, args=(inherited, "fork-b", options)),
-    ]
-    for child in children:
-        child.start()
-    for child in children:
-        child.join(60)
-    inherited.close()
-    assert [child.exitcode for child in children] == [0, 0, 0, 0]
-
-    records = lines_of(path)
-    ids = Counter(record["call_id"] for record in records)
-    expected = {"parent-0"} | {
-        f"{tag}-{n}"
-        for tag in ("spawn-a", "spawn-b", "fork-a", "fork-b")
-        for n in range(PER_PROCESS)
-    }
-    assert set(ids) == expected
-    assert [cid for cid, count in ids.items() if count != 1] == []
-    codes = Counter(record["code"] for record in records)
-    before = sum(1 for n in range(PER_PROCESS) if n % 11 == 0 and n % 7)  # unknown tools first
-    assert codes[ErrorCode.ABORTED_BEFORE_DISPATCH.value] == 4 * before
-    assert len({record["pid"] for record in records}) == 5
-    backups = [p for p in tmp_path.iterdir() if p.name.startswith("calls.jsonl.")]
-    assert len(backups) >= 10, "the file should have rotated many times"
-    assert all(p.name.endswith(".gz") == use_gzip for p in backups)
-
-
-@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
-def test_a_forked_child_does_not_write_the_lines_its_parent_had_queued(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    gate = EmitGate(monkeypatch)  # holds the parent's writer thread only
-    path = tmp_path / "calls.jsonl"
-    log = ResultLog(path, background=True)
-    for n in range(50):
-        log(ToolResult.success(ToolCall("parent", call_id=f"parent-{n}"), n))
-    assert gate.reached.wait(WAIT)  # 49 lines wait in the parent's queue across the fork
-    child = multiprocessing.get_context("fork").Process(
-        target=_write_results, args=(log, "child", {})
-    )
-    child.start()
-    child.join(60)
-    gate.release()
-    log.close()
-    assert child.exitcode == 0
-    ids = Counter(line["call_id"] for line in lines_of(path))
-    assert set(ids.values()) == {1}
-    assert len(ids) == 50 + PER_PROCESS

@@ -1,0 +1,127 @@
+"""Helpers shared by the ResultLog tests: reading logs back, and gates that hold its threads.
+
+Threads are ordered with `Event`s only. `EmitGate` holds the first thread that reaches the
+handler's `emit` (the drain, or a caller in per-line mode) while it holds the write lock;
+`RedactGate` holds the drain earlier, while it encodes (before it takes any lock), which is
+where a test needs lines to pile up across a `fork()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from concurrent_log_handler import ConcurrentRotatingFileHandler
+
+from toolreg import ToolRegistry
+
+WAIT = 10.0  # bound on every handshake: a hang becomes a failure
+
+
+def strict_json(line: str) -> Any:
+    def reject(constant: str) -> Any:
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    return json.loads(line, parse_constant=reject)
+
+
+def log_files(path: Path) -> list[Path]:
+    """`path` and its rotated siblings (`.N`, `.N.gz`), oldest file first."""
+    siblings = []
+    for candidate in path.parent.iterdir():
+        match = re.fullmatch(re.escape(path.name) + r"\.(\d+)(\.gz)?", candidate.name)
+        if match:
+            siblings.append((-int(match.group(1)), candidate))
+    return [*(p for _, p in sorted(siblings)), path]
+
+
+def read_text(file: Path) -> str:
+    opener: Any = gzip.open if file.name.endswith(".gz") else open
+    with opener(file, "rt", encoding="ascii") as stream:
+        text: str = stream.read()
+    return text
+
+
+def lines_of(path: Path) -> list[Any]:
+    """Every record in `path` and its rotated siblings, oldest file first; none may be torn."""
+    records = []
+    for file in log_files(path):
+        text = read_text(file)
+        assert text == "" or text.endswith("\n"), f"{file.name} ends with a partial line"
+        records.extend(strict_json(line) for line in text.splitlines())
+    return records
+
+
+@contextlib.contextmanager
+def echo_registry() -> Iterator[ToolRegistry]:
+    """A registry with `echo` (returns its arguments) and `boom` (raises)."""
+    with ToolRegistry(max_workers=4) as registry:
+
+        @registry.tool
+        def echo(args: Any, ctx: Any) -> Any:
+            return dict(args)
+
+        @registry.tool
+        def boom(args: Any, ctx: Any) -> Any:
+            raise ValueError("boom")
+
+        yield registry
+
+
+class EmitGate:
+    """Patches the handler's `emit` so the first writing thread in this process waits."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.reached = threading.Event()
+        self.released = threading.Event()
+        self.threads: list[str] = []
+        self.pid = os.getpid()
+        original = ConcurrentRotatingFileHandler.emit
+
+        def emit(handler: ConcurrentRotatingFileHandler, record: logging.LogRecord) -> None:
+            self.threads.append(threading.current_thread().name)
+            if os.getpid() == self.pid and not self.reached.is_set():
+                self.reached.set()
+                assert self.released.wait(WAIT), "the emit gate was never released"
+            original(handler, record)
+
+        monkeypatch.setattr(ConcurrentRotatingFileHandler, "emit", emit)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+class RedactGate:
+    """A `redact` that holds the first thread calling it in this process until `release()`.
+
+    In grouped mode `redact` runs on the drain thread while it encodes, before it takes any
+    lock: the held drain keeps everything logged afterwards queued.
+    """
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.released = threading.Event()
+        self.threads: list[str] = []
+        self.pid = os.getpid()
+
+    def __call__(self, arguments: Mapping[str, Any]) -> Any:
+        self.threads.append(threading.current_thread().name)
+        if os.getpid() == self.pid and not self.reached.is_set():
+            self.reached.set()
+            assert self.released.wait(WAIT), "the redact gate was never released"
+        return dict(arguments)
+
+    def wait_reached(self) -> None:
+        assert self.reached.wait(WAIT), "no thread reached the redact gate"
+
+    def release(self) -> None:
+        self.released.set()
