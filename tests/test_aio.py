@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import dataclasses
 import gc
+import re
 import subprocess
 import sys
 import textwrap
@@ -419,7 +420,7 @@ def test_async_with_closes_the_registry_and_leaves_no_thread() -> None:
     asyncio.run(main())
     # Every kind of thread the facade uses was there: pool workers, the async-body loop, and
     # the batch schedulers.
-    assert any(name.startswith("toolreg_") for name in inside)
+    assert any(re.fullmatch(r"toolreg-\d+", name) for name in inside)
     assert "toolreg-async" in inside
     assert any(name.startswith("toolreg-aio-batch") for name in inside)
     left = sorted(

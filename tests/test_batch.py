@@ -491,36 +491,54 @@ def test_a_classifier_sees_the_arguments_of_its_call() -> None:
 
 
 @pytest.mark.parametrize(
-    "make_batch",
+    ("make_batch", "error"),
     [
-        lambda: [ToolCall("t", call_id="a"), "t"],
-        lambda: [ToolCall("t", call_id="a"), {"name": "t"}],
-        lambda: [ToolCall("t", call_id="a"), None],
-        lambda: [
-            ToolCall("t", call_id="a"),
-            ToolCall("t", call_id="b"),
-            ToolCall("t", call_id="a"),
-        ],
+        (lambda: [ToolCall("t", call_id="a"), "t"], TypeError),
+        (lambda: [ToolCall("t", call_id="a"), {"name": "t"}], TypeError),
+        (lambda: [ToolCall("t", call_id="a"), None], TypeError),
+        (lambda: "t", TypeError),
+        (
+            lambda: [
+                ToolCall("t", call_id="a"),
+                ToolCall("t", call_id="b"),
+                ToolCall("t", call_id="a"),
+            ],
+            ValueError,
+        ),
     ],
-    ids=["str-item", "dict-item", "None-item", "duplicate-call-id"],
+    ids=["str-item", "dict-item", "None-item", "a-str", "duplicate-call-id"],
 )
-def test_bad_items_raise_value_error_before_anything_starts(
-    make_batch: Callable[[], list[Any]],
+def test_bad_items_raise_before_anything_starts(
+    make_batch: Callable[[], list[Any]], error: type[Exception]
 ) -> None:
+    # The same misuse as in execute() gets the same exception: a non-ToolCall is a TypeError.
     with open_registry(max_workers=2) as registry:
         trace = traced(registry)
         registry.tool(name="t")(lambda args, ctx: trace.body_started(ctx.call.call_id))
-        with pytest.raises(ValueError):
+        with pytest.raises(error):
             registry.execute_batch(make_batch())
     assert trace.hooked == [] and trace.observed == {} and trace.started == set()
 
 
-@pytest.mark.parametrize("max_parallel", [0, -1, 1.5, True, False, "2", None])
-def test_max_parallel_must_be_an_int_of_at_least_one(max_parallel: Any) -> None:
+@pytest.mark.parametrize(
+    ("max_parallel", "error"),
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (1.5, TypeError),
+        (True, TypeError),
+        (False, TypeError),
+        ("2", TypeError),
+        (None, TypeError),
+    ],
+)
+def test_max_parallel_must_be_an_int_of_at_least_one(
+    max_parallel: Any, error: type[Exception]
+) -> None:
     with open_registry(max_workers=2) as registry:
         trace = traced(registry)
         registry.tool(name="t")(lambda args, ctx: trace.body_started(ctx.call.call_id))
-        with pytest.raises(ValueError, match="max_parallel"):
+        with pytest.raises(error, match="max_parallel"):
             registry.execute_batch([ToolCall("t")], max_parallel=max_parallel)
     assert trace.hooked == [] and trace.observed == {} and trace.started == set()
 

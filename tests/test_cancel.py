@@ -1646,7 +1646,7 @@ def test_finalizer_touching_the_parent_during_a_children_sweep_does_not_deadlock
 
 # Process-wide daemon helpers: the shared timer, and the asyncio facade's helper (started when
 # `toolreg.aio` is imported, which another test module may have done).
-PROCESS_WIDE = {"toolreg-timer", "toolreg-aio-helper"}
+PROCESS_WIDE = {"toolreg-timer", "toolreg-helper"}
 
 
 def test_no_thread_but_the_shared_timer_outlives_the_tests_above() -> None:

@@ -39,13 +39,6 @@ class Timeline:
     finished: Any
 
 
-@dataclasses.dataclass(frozen=True)
-class TimedResult(ToolResult[Any]):
-    """A ToolResult carrying `.timeline`, as the core's will."""
-
-    timeline: Any = None
-
-
 def _rounded(value: Any) -> Any:
     return None if value is None else round(value, 6)
 
@@ -97,7 +90,7 @@ def result_of(
     dispatched: Any = True,
     duration: Any = 0.123456789,
     timeline: Any = None,
-) -> TimedResult:
+) -> ToolResult[Any]:
     call = ToolCall.__new__(ToolCall)  # any name and id, as a hook might build one
     call.__dict__.update(name=name, arguments=arguments, call_id=call_id)
     if failure is None:
@@ -109,8 +102,8 @@ def result_of(
             error=dataclasses.replace(base.error, message=failure[1]),  # type: ignore[arg-type]
         )
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
-    fields.update(dispatched=dispatched, duration=duration)
-    return TimedResult(**fields, timeline=timeline)
+    fields.update(dispatched=dispatched, duration=duration, timeline=timeline)
+    return ToolResult(**fields)
 
 
 class Opaque:
@@ -125,7 +118,7 @@ class Text(str):
 FULL = Timeline(LOGGED_AT - 0.5, 0.000123456789, None, 0.25, 0.5)
 ODD_TEXT = 'caf\u00e9 \u2603 \U0001f600 \ud800 \x00\x01\x1f\x7f "quoted" back\\slash\n\t end'
 
-CASES: dict[str, TimedResult] = {
+CASES: dict[str, ToolResult[Any]] = {
     "plain": result_of(arguments={"q": "x", "limit": 10, "ratio": 0.5, "on": True, "no": None}),
     "no arguments": result_of(arguments=None),
     "empty arguments": result_of(arguments={}),
@@ -163,7 +156,7 @@ CASES: dict[str, TimedResult] = {
 
 @pytest.mark.parametrize("result", CASES.values(), ids=CASES.keys())
 def test_the_hand_built_line_is_identical_to_the_json_encoder_line(
-    tmp_path: Path, result: TimedResult
+    tmp_path: Path, result: ToolResult[Any]
 ) -> None:
     with ResultLog(tmp_path / "calls.jsonl") as log:
         line = log._line(result, LOGGED_AT)

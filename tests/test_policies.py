@@ -40,6 +40,7 @@ from _registry_helpers import (
     open_registry,
 )
 
+import toolreg._pipeline
 from toolreg import (
     Cancelled,
     CancelSource,
@@ -56,7 +57,7 @@ from toolreg import (
     deadline,
     timeout_of,
 )
-from toolreg._body import BodyRun
+from toolreg._body import ToolContext as BodyRun
 from toolreg._cancel import _TIMER
 
 SHORT = 0.1  # a tool timeout that is meant to fire
@@ -556,17 +557,18 @@ def test_deadline_firing_after_the_body_returned_is_not_a_timeout(
     """
     held = threading.Event()
     live_at_return: list[bool] = []
-    real_join = BodyRun.join
+    real_run_body = toolreg._pipeline.run_body
 
-    def join_then_linger(self: BodyRun, interrupt: Callable[[BaseException], None]) -> None:
-        real_join(self, interrupt)
-        if self.started and self.error is None:
+    def join_then_linger(state: Any, ctx: BodyRun, submit: Any, interrupted: Any) -> Any:
+        refused = real_run_body(state, ctx, submit, interrupted)
+        if ctx._started and ctx._error is None:
             timer.release()  # the body has returned: now let the deadline fire
-            if not self.token.wait(WAIT):
+            if not ctx.token.wait(WAIT):
                 raise _PreconditionFailed("the deadline never fired")
             held.set()
+        return refused
 
-    monkeypatch.setattr(BodyRun, "join", join_then_linger)
+    monkeypatch.setattr(toolreg._pipeline, "run_body", join_then_linger)
 
     def body(args: Any, ctx: ToolContext) -> str:
         live_at_return.append(not ctx.token.cancelled)
@@ -1118,20 +1120,19 @@ def test_a_huge_backoff_waits_until_cancelled(registry: ToolRegistry) -> None:
 # -- composition -----------------------------------------------------------------------------------
 
 
-def test_timeout_per_attempt_when_retry_is_outside(
-    registry: ToolRegistry, timer: TimerHold
-) -> None:
+def test_timeout_per_attempt_when_retry_is_outside(registry: ToolRegistry) -> None:
     """Retry registered first (outer), Timeout inner: each attempt gets a deadline of its own.
 
-    The first attempt runs past its deadline's due time while the timer is held, then fails; its
-    deadline is closed with it and never fires, and the second attempt runs under a new one.
-    (A timed-out attempt, though, is final: see test_a_real_tool_timeout_is_not_retried.)
+    The first attempt runs past its deadline's due time and then fails on its own (a failure
+    the body reports stays a failure); the retry runs the second attempt under a fresh
+    deadline, which it beats. (A timed-out attempt, though, is final: see
+    test_a_real_tool_timeout_is_not_retried.)
     """
     spy = TokenSpy()
 
     def body(args: Any, ctx: ToolContext) -> str:
         if len(spy.tokens) == 1:
-            time.sleep(1.5 * SHORT)
+            assert ctx.token.wait(WAIT)  # past the first deadline
             raise ValueError("flaky")
         return "second attempt"
 
@@ -1141,31 +1142,26 @@ def test_timeout_per_attempt_when_retry_is_outside(
     add_tool(registry, body, timeout=SHORT)
 
     result = registry.execute("t")
-    timer.release()
 
     assert result.ok and result.value == "second attempt"
     first, second = spy.tokens
     assert first is not second  # a deadline per attempt
-    assert not first.wait(3 * SHORT) and not second.cancelled  # closed: they never fire
+    assert timeout_of(first, "TOOL_TIMEOUT") is not None  # the first one's own due time passed
+    assert not second.wait(3 * SHORT)  # closed when its attempt ended: it never fires
 
 
-def test_timeout_over_all_attempts_when_retry_is_inside(
-    registry: ToolRegistry, timer: TimerHold
-) -> None:
+def test_timeout_over_all_attempts_when_retry_is_inside(registry: ToolRegistry) -> None:
     """Timeout registered first (outer), Retry inner: the attempts share one deadline.
 
-    The first attempt runs past the deadline's due time while the timer is held, then fails. The
-    second attempt starts under the same, overdue deadline, which fires as soon as the timer is
-    released: the second attempt does not get a fresh budget.
+    The first attempt fails at once; the second runs under the same deadline, which fires at
+    the first attempt's due time: the second attempt does not get a fresh budget.
     """
     spy = TokenSpy()
     journal = Journal()
 
     def body(args: Any, ctx: ToolContext) -> str:
         if len(spy.tokens) == 1:
-            time.sleep(1.5 * SHORT)
             raise ValueError("flaky")
-        timer.release()
         journal(wait_for_deadline(ctx))
         return "too late"
 

@@ -1815,7 +1815,9 @@ def test_new_calls_are_refused_while_close_waits_for_in_flight_ones() -> None:
     assert call.join().code == ABORTED
 
 
-def test_close_interrupted_by_ctrl_c_can_be_finished_by_closing_again() -> None:
+def test_ctrl_c_in_close_cancels_waits_for_the_calls_then_reraises() -> None:
+    # Like an interrupted execute: the calls are cancelled already, so close() keeps waiting
+    # for them (never abandoning a body), finishes, and only then re-raises.
     registry = ToolRegistry(max_workers=1, thread_name_prefix="interrupted-close")
     gate = Gate()
     registry.tool(name="slow")(lambda args, ctx: gate.hold() or "late")
@@ -1823,15 +1825,14 @@ def test_close_interrupted_by_ctrl_c_can_be_finished_by_closing_again() -> None:
     gate.wait_reached()
     with default_sigint():
         presser = send_ctrl_c_when(gate.reached)  # close() blocks waiting for the body
+        releaser = Caller(lambda: (presser.join(), gate.release()))
         with pytest.raises(KeyboardInterrupt):
             registry.close()
-        presser.join()
-    gate.release()
+        releaser.join()
     assert call.join().code == ABORTED
-    registry.close()
     assert registry.closed
+    registry.close()  # idempotent
     leaked = [t for t in threading.enumerate() if t.name.startswith("interrupted-close")]
-    registry._executor.shutdown(wait=True)  # clean up whatever close() left behind
     assert leaked == []
 
 
@@ -2342,6 +2343,7 @@ def test_each_stage_is_logged_at_debug_and_nothing_below_it(
     with toolreg.ToolRegistry(max_workers=1) as registry:
         registry.add_pre_execute(lambda call, token: None)
         registry.add_around(lambda dispatch, proceed: proceed())
+        registry.add_post_execute(lambda result, token: None)
         registry.register(toolreg.Tool("t", lambda args, ctx: "ok"))
         with caplog.at_level(logging.INFO, logger="toolreg"):
             registry.execute(toolreg.ToolCall("t", call_id="quiet"))
@@ -2392,7 +2394,7 @@ def test_a_finalizer_removing_a_hook_during_registration_does_not_deadlock(
 
     def register() -> None:
         Owner()  # cyclic garbage whose finalizer needs the registry
-        monkeypatch.setattr(toolreg._registry.dataclasses, "replace", rebuild_with_a_collection)
+        monkeypatch.setattr(toolreg._hooks.dataclasses, "replace", rebuild_with_a_collection)
         registry.add_pre_execute(lambda call, token: None)
 
     worker = threading.Thread(target=register, daemon=True)

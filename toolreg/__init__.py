@@ -12,6 +12,8 @@ The public API, re-exported from the private modules that implement it:
 * policies (`_policies`): `TimeoutPolicy`, `RetryPolicy`.
 """
 
+from ._body import ToolContext as ToolContext
+from ._call import Stage as Stage
 from ._cancel import Cancelled as Cancelled
 from ._cancel import CancelSource as CancelSource
 from ._cancel import CancelToken as CancelToken
@@ -32,16 +34,17 @@ from ._hooks import PreExecuteHook as PreExecuteHook
 from ._hooks import ResultObserver as ResultObserver
 from ._policies import RetryPolicy as RetryPolicy
 from ._policies import TimeoutPolicy as TimeoutPolicy
+from ._pool import WorkerPool as WorkerPool
 from ._progress import ToolProgress as ToolProgress
 from ._registry import InFlightCall as InFlightCall
 from ._registry import ToolRegistry as ToolRegistry
+from ._results import CallTimeline as CallTimeline
 from ._results import ErrorCode as ErrorCode
 from ._results import ToolCall as ToolCall
 from ._results import ToolError as ToolError
 from ._results import ToolResult as ToolResult
 from ._tools import FrozenDict as FrozenDict
 from ._tools import Tool as Tool
-from ._tools import ToolContext as ToolContext
 from ._tools import thaw as thaw
 
 __all__ = [
@@ -49,6 +52,7 @@ __all__ = [
     "Approver",
     "AroundWrapper",
     "Ask",
+    "CallTimeline",
     "CancelSource",
     "CancelToken",
     "Cancelled",
@@ -64,6 +68,7 @@ __all__ = [
     "Registration",
     "ResultObserver",
     "RetryPolicy",
+    "Stage",
     "TimeoutPolicy",
     "TimeoutReason",
     "Tool",
@@ -73,6 +78,7 @@ __all__ = [
     "ToolProgress",
     "ToolRegistry",
     "ToolResult",
+    "WorkerPool",
     "deadline",
     "thaw",
     "timeout_of",

@@ -2,21 +2,24 @@
 
 The scheduler runs in the caller's thread and never occupies a pool worker: each call's whole
 pipeline (hooks and body) runs inline on one worker, so no call ever waits for a worker that
-another waiting call holds. Classification happens once, up front: only a tool whose
-`concurrency_safe` is exactly `True` (or returns exactly `True` for the call's arguments) runs in
-parallel; anything else (an exception, a non-bool, an unknown tool, invalid arguments) is
-exclusive and acts as a barrier.
+another waiting call holds. Classification happens once, up front, with the entry checks: only a
+tool whose `concurrency_safe` is exactly `True` (or returns exactly `True` for the call's
+arguments) runs in parallel; anything else (an exception, a non-bool, an unknown tool, invalid
+arguments) is exclusive and acts as a barrier. A call that passed the entry checks here is not
+checked (frozen, validated) again when it runs.
 
-Consecutive parallel calls form a segment, run by up to `max_parallel` runners: pool tasks that
+Consecutive parallel calls form a segment, run by up to `max_parallel` runners: work items that
 each take the segment's next call (in input order) and run it, until the segment is used up, so
 workers never wait for the scheduler between calls. The scheduler waits for a segment's runners
-before it starts the next segment; an exclusive call is a segment of one, hence a barrier.
+before it starts the next segment; an exclusive call is a segment of one, hence a barrier. The
+scheduler is woken once per segment (and once per finished call only when `on_progress` wants
+to hear of each).
 
 Turn cancellation: once the batch token is cancelled no further call starts. Runners stop taking
-calls, a runner still queued in the pool is claimed back by the scheduler (the same single-claim
-rule as bodies, see `_body`), and every unstarted call gets `ABORTED_BEFORE_DISPATCH` without
-entering any hook, seen by the observers like any other result. Started calls are cancelled
-through their tokens and joined: `execute_batch` returns only after every started call settled.
+calls, a runner still queued is claimed back by the scheduler (the same `Claim` as bodies), and
+every unstarted call gets `ABORTED_BEFORE_DISPATCH` without entering any hook, seen by the
+observers like any other result. Started calls are cancelled through their tokens and joined:
+`execute_batch` returns only after every started call settled.
 """
 
 from __future__ import annotations
@@ -25,57 +28,97 @@ import contextlib
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ._body import INTERRUPTS, MAIN_THREAD_SLICE
-from ._cancel import CancelSource
-from ._interrupts import SigintRequest
+import fastjsonschema
+
+from ._call import CallMode
+from ._cancel import CancelSource, CancelToken
+from ._catalog import CatalogEntry
+from ._claim import Claim
+from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, SigintRequest, deferred_sigint
 from ._results import ToolCall, ToolResult, frozen_call
 from ._tools import InvalidArguments, freeze_arguments
 
-if TYPE_CHECKING:
-    from ._registry import ToolRegistry
+__all__ = ["BatchHost", "Progress", "check_batch", "execute_batch"]
 
 logger = logging.getLogger("toolreg")
 
 Progress = Callable[[int, int], object]
 
 
+class BatchHost(Protocol):
+    """What a batch needs from the dispatcher."""
+
+    def run(
+        self,
+        call: ToolCall,
+        caller: CancelToken,
+        mode: CallMode,
+        progress: Any = None,
+        admitted: CatalogEntry | None = None,
+    ) -> tuple[ToolResult[Any], BaseException | None]: ...
+
+    def unstarted(self, call: ToolCall) -> tuple[ToolResult[Any], BaseException | None]: ...
+
+    def lookup(self, name: str) -> CatalogEntry | None: ...
+
+    def hand_over(self, item: Any, may_block: bool = True) -> None: ...
+
+    def admit(self, entry: Any, nested: bool) -> int: ...
+
+    def untrack(self, key: int) -> None: ...
+
+    def on_body_thread(self, ident: int) -> bool: ...
+
+    def inside(self, ident: int | None = None) -> bool: ...
+
+
 def check_batch(calls: Iterable[ToolCall], max_parallel: int) -> list[ToolCall]:
-    """Validate a batch before anything starts; `ValueError` names the problem."""
-    if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
+    """Validate a batch before anything starts: `TypeError` or `ValueError` names the problem."""
+    if isinstance(max_parallel, bool) or not isinstance(max_parallel, int):
+        raise TypeError(f"max_parallel must be an int >= 1, got {max_parallel!r}")
+    if max_parallel < 1:
         raise ValueError(f"max_parallel must be an int >= 1, got {max_parallel!r}")
     if isinstance(calls, (str, bytes, Mapping)):
-        raise ValueError("execute_batch() takes an iterable of ToolCall objects")
+        raise TypeError("execute_batch() takes an iterable of ToolCall objects")
     batch = list(calls)
     seen: set[str] = set()
     for index, call in enumerate(batch):
         if not isinstance(call, ToolCall):
-            raise ValueError(f"batch item {index} is a {type(call).__name__}, not a ToolCall")
+            raise TypeError(f"batch item {index} is a {type(call).__name__}, not a ToolCall")
         if call.call_id in seen:
             raise ValueError(f"duplicate call_id {call.call_id!r} in the batch (item {index})")
         seen.add(call.call_id)
     return batch
 
 
+def execute_batch(
+    host: BatchHost,
+    calls: Iterable[ToolCall],
+    caller: CancelToken,
+    max_parallel: int,
+    on_progress: Progress | None,
+) -> list[ToolResult[Any]]:
+    """`ToolRegistry.execute_batch`, with a Ctrl-C on the main thread deferred to safe points."""
+    batch = check_batch(calls, max_parallel)
+    if on_progress is not None and not callable(on_progress):
+        raise TypeError("on_progress must be callable")
+    with deferred_sigint() as ctrl_c:  # a Ctrl-C here becomes a cancellation request
+        return BatchRun(host, batch, caller, max_parallel, on_progress, ctrl_c).run()
+
+
 class _Segment:
-    """Consecutive calls that may overlap, run by up to `max_parallel` runners.
+    """Consecutive calls that may overlap, run by up to `max_parallel` runners."""
 
-    A runner is one pool task that takes the segment's calls in input order, one at a time,
-    and runs each whole pipeline inline, until the segment is used up or the batch cancelled:
-    workers never wait for the scheduler between calls. An exclusive call is a segment of one.
-    """
-
-    __slots__ = ("claims", "end", "lock", "next", "runners")
+    __slots__ = ("end", "lock", "next", "runners")
 
     def __init__(self, start: int, end: int, runners: int) -> None:
         self.lock = threading.Lock()  # guards next and runners
         self.next = start  # the next call to start
         self.end = end
         self.runners = runners  # runners that have not finished (or been taken back)
-        self.claims = [threading.Lock() for _ in range(runners)]  # one start claim per runner
 
     def take(self, cancelled: Callable[[], bool]) -> int | None:
         """The next call to run, in input order, or None when done or cancelled."""
@@ -86,9 +129,46 @@ class _Segment:
             self.next += 1
             return index
 
-    def runner_done(self) -> None:
+    def runner_done(self) -> bool:
+        """One runner less; True for the last one."""
         with self.lock:
             self.runners -= 1
+            return self.runners == 0
+
+
+class _Runner(Claim):
+    """One worker's share of a segment: it takes the segment's calls in order and runs them."""
+
+    __slots__ = ("batch", "segment")
+
+    def __init__(self, batch: BatchRun, segment: _Segment) -> None:
+        super().__init__()
+        self.batch = batch
+        self.segment = segment
+
+    def _run(self) -> None:
+        if not self._claim.acquire(False):
+            return  # the scheduler took it back after cancellation
+        batch = self.batch
+        try:
+            while (index := self.segment.take(batch.cancelled)) is not None:
+                batch.run_call(index)
+        finally:
+            self._done()
+
+    def _drop(self) -> None:
+        self.take_back()
+
+    def take_back(self) -> bool:
+        """For the scheduler, after cancellation: a runner no worker picked up never starts."""
+        if not self._claim.acquire(False):
+            return False
+        self._done()
+        return True
+
+    def _done(self) -> None:
+        self.segment.runner_done()
+        self.batch.wakeups.put(None)
 
 
 class BatchRun:
@@ -96,58 +176,106 @@ class BatchRun:
 
     def __init__(
         self,
-        registry: ToolRegistry,
+        host: BatchHost,
         calls: list[ToolCall],
-        source: CancelSource,
+        caller: CancelToken,
         max_parallel: int,
         on_progress: Progress | None,
-        inline: bool,
         ctrl_c: SigintRequest | None = None,
     ) -> None:
-        self.registry = registry
+        self.host = host
         self.calls = calls
-        self.source = source  # the batch's own source: the caller's token, close() and Ctrl-C
-        self.token = source.token
+        #: The batch's own source: the caller's token, close() and Ctrl-C cancel it.
+        self.source = CancelSource(caller)
+        self.token = self.source.token
         self.max_parallel = max_parallel
         self.on_progress = on_progress
-        self.inline = inline  # already on one of our threads: run the calls here, one by one
+        self.thread = threading.get_ident()  # the scheduler's (for close()'s "inside" check)
+        # Already on one of the registry's body threads: run the calls here, one by one.
+        self.inline = host.on_body_thread(self.thread)
         self.results: list[ToolResult[Any] | None] = [None] * len(calls)
-        self.parallel = [registry._parallel_safe(call) for call in calls]
+        self.admitted: list[tuple[ToolCall, CatalogEntry] | None] = [None] * len(calls)
+        self.parallel = [False] * len(calls)
         self.wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()  # progress, or cancel
         self.finished: list[int] = []  # indices in completion order; list.append is atomic
         self.reported = 0  # how many of `finished` on_progress has seen
         self.done = 0
-        self.segment: _Segment | None = None
+        self.runners: list[_Runner] = []  # the current segment's
         self.interrupted: BaseException | None = None
         self.ctrl_c = ctrl_c  # a deferred Ctrl-C press: cancel, drain, and let the caller raise
         if ctrl_c is not None:
-            ctrl_c.wake = lambda: self.wakeups.put(None)  # SimpleQueue.put is reentrant
+            ctrl_c.wake = self.wake  # SimpleQueue.put is reentrant: safe in a signal handler
+
+    def cancel(self, reason: object) -> None:
+        """Cancel the batch (its in-flight table entry): no further call starts."""
+        self.source.cancel(reason)
+
+    def cancelled(self) -> bool:
+        return self.token.cancelled
+
+    def wake(self) -> None:
+        self.wakeups.put(None)
 
     def run(self) -> list[ToolResult[Any]]:
-        """Run segment after segment until all ran or the batch is cancelled; join; return.
+        """Classify, run segment after segment until done or cancelled, join, return.
 
         A Ctrl-C (or a hook's SystemExit on a worker) anywhere in here cancels the batch; the
         batch is still drained and every unstarted call still observed before it is re-raised.
         """
-        wake = self.token.on_cancel(lambda: self.wakeups.put(None))
+        key = self.host.admit(self, self.host.inside(self.thread))
         try:
+            wake = self.token.on_cancel(self.wake)
             try:
-                self._schedule()
-            except INTERRUPTS as exc:
-                self._interrupt(exc)
-            while True:
                 try:
-                    self._drain()
-                    break
-                except INTERRUPTS as exc:  # landed between the guarded spots of _drain
+                    self._classify()
+                    self._schedule()
+                except BaseException as exc:  # asynchronous, or a bug: cancel and drain
                     self._interrupt(exc)
+                while True:
+                    try:
+                        self._drain()
+                        break
+                    except BaseException as exc:  # landed between the guarded spots
+                        self._interrupt(exc)
+            finally:
+                wake.remove()
+            self._report()
+            self._finish_unstarted()
         finally:
-            wake.remove()
-        self._report()
-        self._finish_unstarted()
+            self.source.close()
+            self.host.untrack(key)
         if self.interrupted is not None:
             raise self.interrupted
         return [result for result in self.results if result is not None]
+
+    def _classify(self) -> None:
+        for index, call in enumerate(self.calls):
+            self.parallel[index] = self._parallel_safe(index, call)
+
+    def _parallel_safe(self, index: int, call: ToolCall) -> bool:
+        """Entry checks, once; whether the call may overlap others (only an exact True)."""
+        entry = self.host.lookup(call.name) if type(call.name) is str else None
+        if entry is None:
+            return False
+        try:
+            arguments = freeze_arguments(call.arguments)
+            if entry.validator is not None:
+                entry.validator(arguments)  # bad arguments mean exclusive, even for True
+        except (InvalidArguments, fastjsonschema.JsonSchemaException):
+            return False  # the call's own entry checks will report it
+        self.admitted[index] = (frozen_call(call.name, arguments, call.call_id), entry)
+        safe = entry.tool.concurrency_safe
+        if safe is True or safe is False:
+            return safe
+        try:
+            return safe(arguments) is True
+        except INTERRUPTS:
+            raise
+        except BaseException:
+            logger.debug(
+                "toolreg: %s is exclusive: its classifier failed", call.call_id, exc_info=True
+            )
+            return False
 
     def _schedule(self) -> None:
         start, total = 0, len(self.calls)
@@ -159,85 +287,73 @@ class BatchRun:
             if self.parallel[start]:
                 while end < total and self.parallel[end]:
                     end += 1
-            runners = 1 if self.inline else min(self.max_parallel, end - start)
-            self._run_segment(_Segment(start, end, runners))
+            self._run_segment(start, end)
             start = end
 
-    def _run_segment(self, segment: _Segment) -> None:
-        self.segment = segment
+    def _run_segment(self, start: int, end: int) -> None:
+        count = 1 if self.inline else min(self.max_parallel, end - start)
+        segment = _Segment(start, end, count)
+        self.runners = [_Runner(self, segment) for _ in range(count)]
         if self.inline:
-            self._runner(segment, 0)
+            self.runners[0]._run()
         else:
-            for runner in range(len(segment.claims)):
-                self._submit(segment, runner)
+            for runner in self.runners:
+                self._submit(runner)
         self._drain()
 
-    def _submit(self, segment: _Segment, runner: int) -> None:
+    def _submit(self, runner: _Runner) -> None:
         try:
-            self.registry._executor.submit(self._runner, segment, runner)
-        except RuntimeError:  # executor shut down under us: this runner never starts
-            if segment.claims[runner].acquire(blocking=False):
-                segment.runner_done()
+            self.host.hand_over(runner)
+        except RuntimeError:  # the executor was shut down under us: this runner never starts
+            runner.take_back()
             self.source.cancel("the executor refused the batch")
 
-    def _runner(self, segment: _Segment, runner: int) -> None:
-        """On a pool worker: run the segment's calls in order, each pipeline inline."""
-        if not segment.claims[runner].acquire(blocking=False):
-            return  # the scheduler took it back after cancellation
-        try:
-            cancelled = self._cancelled
-            while (index := segment.take(cancelled)) is not None:
-                self._run_call(index)
-        finally:
-            segment.runner_done()
-            self.wakeups.put(None)
-
-    def _cancelled(self) -> bool:
-        return self.token.cancelled
-
-    def _run_call(self, index: int) -> None:
+    def run_call(self, index: int) -> None:
+        """On a runner: one call's whole pipeline, inline."""
         call = self.calls[index]
+        admitted = self.admitted[index]
         try:
-            self.results[index] = self.registry._execute(
-                call,
-                self.token,
-                False,
-                True,
-                time.monotonic(),
-                nested=True,
-                on_interrupt=self._interrupt,
-            )
-        except BaseException as exc:  # a toolreg bug: never lose the call's result
+            if admitted is None:
+                result, interrupted = self.host.run(call, self.token, CallMode.batch_item())
+            else:
+                frozen, entry = admitted
+                result, interrupted = self.host.run(
+                    frozen, self.token, CallMode.batch_item(), admitted=entry
+                )
+            self.results[index] = result
+            if interrupted is not None:
+                self._interrupt(interrupted)
+        except BaseException:  # a toolreg bug: never lose the call's result
             logger.exception("toolreg: batch call %s raised", call.call_id)
             if self.results[index] is None:
-                self.results[index] = self.registry._unstarted(call, exc)
+                self.results[index], _ = self.host.unstarted(call)
         finally:
             self.finished.append(index)
-            self.wakeups.put(None)
+            if self.on_progress is not None:
+                self.wakeups.put(None)
 
     def _drain(self) -> None:
         """Wait until the current segment's runners all finished, reporting progress."""
-        segment = self.segment
-        while segment is not None and segment.runners > 0:
+        runners = self.runners
+        if not runners:
+            return
+        segment = runners[0].segment
+        main = threading.current_thread() is threading.main_thread()
+        while segment.runners > 0:
             self._check_ctrl_c()
             if self.token.cancelled:
-                self._reclaim(segment)
+                for runner in runners:
+                    runner.take_back()
                 if segment.runners == 0:
                     break
             try:
                 # The main thread waits in slices, so a Ctrl-C is noticed within one.
                 with contextlib.suppress(queue.Empty):
-                    self.wakeups.get(timeout=_wait_slice())
-            except INTERRUPTS as exc:
+                    self.wakeups.get(timeout=MAIN_THREAD_SLICE if main else None)
+            except BaseException as exc:  # asynchronous: nothing else runs on this line
                 self._interrupt(exc)
             self._report()
         self._report()
-
-    def _reclaim(self, segment: _Segment) -> None:
-        """After cancellation: runners no worker picked up yet never start."""
-        for claim in segment.claims:
-            if claim.acquire(blocking=False):
-                segment.runner_done()
 
     def _check_ctrl_c(self) -> None:
         if self.ctrl_c is not None and self.ctrl_c.pressed and not self.token.cancelled:
@@ -254,9 +370,10 @@ class BatchRun:
             if result is not None:
                 continue
             try:
-                call = self.calls[index]
-                self.results[index] = self.registry._unstarted(call, on_interrupt=self._interrupt)
-            except INTERRUPTS as exc:  # landed in our own code, not in an observer
+                self.results[index], interrupted = self.host.unstarted(self.calls[index])
+                if interrupted is not None:
+                    self._interrupt(interrupted)
+            except BaseException as exc:  # landed in our own code, not in an observer
                 self._interrupt(exc)
             self._progress()
 
@@ -268,7 +385,7 @@ class BatchRun:
             self.on_progress(self.done, len(self.calls))
         except INTERRUPTS as exc:
             self._interrupt(exc)
-        except Exception:
+        except BaseException:
             logger.exception("toolreg: on_progress raised")
 
     def _interrupt(self, exc: BaseException) -> None:
@@ -276,16 +393,3 @@ class BatchRun:
         if self.interrupted is None:
             self.interrupted = exc
         self.source.cancel(type(exc).__name__)
-
-
-def _wait_slice() -> float | None:
-    return MAIN_THREAD_SLICE if threading.current_thread() is threading.main_thread() else None
-
-
-def unstarted_call(call: ToolCall) -> ToolCall:
-    """The call as a result carries it: frozen arguments, or None if they are not JSON."""
-    try:
-        arguments: Mapping[str, Any] | None = freeze_arguments(call.arguments)
-    except InvalidArguments:
-        arguments = None
-    return frozen_call(call.name, arguments, call.call_id)

@@ -1,179 +1,378 @@
-"""Running one body and joining it: who starts the body is decided by a single claim.
+"""One start of a tool body: `ToolContext`, which is both what the body sees and the work item.
 
-A `BodyRun` is one start of a tool body (a retrying wrapper makes several per call). Exactly one
-of two parties claims it, with one non-blocking `Lock.acquire`:
+A `ToolContext` is made for every start of a body (a retrying wrapper makes several per call).
+Handed to a worker as it is (no `Future`, no wrapper), it is claimed exactly once (`Claim`):
 
-* the thread that runs it (a pool worker, or the pipeline's own thread for inline bodies), which
-  then checks the token once more and starts the body, or
-* a canceller: the token's cancel callback (or the joining thread after Ctrl-C), which marks it
-  never-started and wakes the joiner at once, so a call cancelled while queued returns promptly
-  and its body never starts.
+* by the thread that runs it (a pool worker, or the stage thread for inline bodies), which then
+  checks the body's token once more and starts the body, or
+* by a canceller (the call's cancellation, an interrupted joiner, a pool that drops it), which
+  marks it never started and wakes the joiner at once: a call cancelled while queued returns
+  promptly and its body never starts.
 
-The joiner waits until `settled` (guarded by `done`, a lock released exactly once by whoever
-claimed). It never looks at an executor future: joining means the registry's own wrapper
-recorded that the body returned or raised.
+The joiner waits on `_done`, a lock released exactly once by whoever claimed; `_settled` is set
+first, so once it reads True the outcome is recorded. Joining means this object recorded that
+the body returned or raised: the registry never looks at an executor future.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Callable
-from concurrent.futures import Executor
-from typing import Any
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-from ._cancel import CancelToken, Registration, deadline
+from ._cancel import CancelSource, CancelToken, Registration, deadline
+from ._claim import Claim
+from ._interrupts import wait_until
+from ._progress import check_progress
+from ._results import ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    from ._call import CallState
+
+__all__ = ["BodyHost", "ToolContext", "run_body"]
 
 logger = logging.getLogger("toolreg")
 
-INTERRUPTS = (KeyboardInterrupt, SystemExit)
-MAIN_THREAD_SLICE = 0.1  # seconds; bounds how late a Ctrl-C is noticed while the main thread waits
+_CONTEXT_LOCK = threading.Lock()  # guards every ToolContext's _contexts and _closed (rarely held)
+_WATCH_LOCK = threading.Lock()  # guards every ToolContext's _overdue (the cancellation path only)
 
 
-class BodyRun:
-    """One start of a body; see the module docstring for the claim protocol."""
+class BodyHost(Protocol):
+    """What a body run needs from the dispatcher that runs it."""
+
+    overdue_after: float | None
+
+    def run_nested(self, call: ToolCall, token: CancelToken) -> ToolResult[Any]:
+        """Run a nested call inline, under `token`."""
+        ...
+
+    def run_coroutine(
+        self, make: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken
+    ) -> Any:
+        """Run an `async def` body to completion; cancel it when `token` is cancelled."""
+        ...
+
+
+class ToolContext(Claim):
+    """What a running body gets besides its arguments.
+
+    * `call`: the call being executed (frozen arguments).
+    * `token`: the token the body must observe: the call's own token (the caller's, plus
+      `close()` and Ctrl-C) fused with whatever token the around wrappers left in
+      `dispatch.token` (a deadline, say).
+    * `defer_context(item)`: keep `item` in the result's `contexts` (kept through cancellation).
+    * `execute(call_or_name, arguments=None)`: a nested call, run inline on this thread with
+      this call's token as its caller token, so it cannot deadlock on a busy pool; like
+      `start_if_cancelled=False`, it starts no body once this call is cancelled.
+    * `report_progress(progress, total=None, message=None)`: tell the caller how far along the
+      body is (see the method).
+
+    After the body has settled, `defer_context`, `execute` and `report_progress` raise
+    `RuntimeError`. A context cannot be pickled: it belongs to this process and this call.
+
+    Example::
+
+        @registry.tool(description="Fetch pages")
+        def fetch(args, ctx):
+            for n, url in enumerate(args["urls"], 1):
+                ctx.token.raise_if_cancelled()
+                ctx.report_progress(n, len(args["urls"]))
+            ctx.defer_context({"fetched": len(args["urls"])})
+            return "done"
+    """
 
     __slots__ = (
-        "_call",
-        "_claim",
+        "_closed",
+        "_contexts",
+        "_dispatched_at",
         "_done",
+        "_error",
+        "_fn",
+        "_host",
+        "_is_async",
+        "_live",
+        "_live_on_return",
         "_overdue",
-        "_overdue_after",
-        "_target",
-        "cancelled_at",
-        "check",
-        "error",
-        "live_on_return",
-        "settled",
-        "started",
+        "_progress",
+        "_settled",
+        "_settled_at",
+        "_started",
+        "_value",
+        "call",
         "token",
-        "value",
     )
 
-    def __init__(
-        self,
-        target: Callable[[], Any],
-        token: CancelToken,
-        check: bool,
-        call: Any,
-        overdue_after: float | None,
-    ) -> None:
-        self._target = target
+    call: ToolCall
+    token: CancelToken
+
+    def __init__(self, state: CallState, token: CancelToken, host: BodyHost) -> None:
+        super().__init__()
+        # What the run needs of the call, copied: the context never refers back to the call's
+        # state (which refers to it), so a finished call is freed without the cyclic GC.
+        self.call = state.call
         self.token = token
-        self.check = check  # False for pre-aborted entry: the body must start regardless
-        self._call = call  # named in the overdue warning
-        self._overdue_after = overdue_after
-        self._claim = threading.Lock()  # acquired once, by the party that owns the start
-        self._done = threading.Lock()  # held until the owner finished; released exactly once
+        self._live = state.live  # the caller's token was live at entry: the recheck applies
+        self._fn = state.tool.fn
+        self._is_async = state.entry.is_async
+        self._progress = state.progress
+        self._host = host
+        self._done = threading.Lock()  # held until the claimant has finished; released once
         self._done.acquire()
-        self.started = False
-        self.settled = False
-        self.live_on_return = False  # the token was live when the body returned (worker's view)
-        self.value: Any = None
-        self.error: BaseException | None = None
-        self._overdue: Any = None  # the overdue-warning deadline, armed by a canceller
+        self._started = False  # the body started (written by the claimant before _done)
+        self._settled = False  # the outcome is recorded, or the body never starts
+        self._live_on_return = False  # the token was live when the body returned (body's view)
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._contexts: list[Any] | None = None  # deferred items; guarded by _CONTEXT_LOCK
+        self._closed = False  # no more deferring or nesting; guarded by _CONTEXT_LOCK
+        self._overdue: CancelSource | None = None  # the overdue warning, once cancelled
+        self._dispatched_at: float | None = None  # monotonic, on the body's thread
+        self._settled_at: float | None = None
+
+    # -- what the body uses ----------------------------------------------------------------------
+
+    def defer_context(self, item: object) -> None:
+        """Keep `item` for the result's `contexts` (in call order); thread-safe."""
+        with _CONTEXT_LOCK:
+            if self._closed:
+                raise RuntimeError("defer_context() after the tool body has returned")
+            if self._contexts is None:
+                self._contexts = []
+            self._contexts.append(item)
+
+    def execute(
+        self, call_or_name: ToolCall | str, arguments: Mapping[str, Any] | None = None
+    ) -> ToolResult[Any]:
+        """Run a nested tool call inline, under this call's token; returns its `ToolResult`."""
+        if self._closed:
+            raise RuntimeError("ctx.execute() after the tool body has returned")
+        return self._host.run_nested(as_call(call_or_name, arguments), self.token)
+
+    def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Report progress to the `progress=` callback of the `execute` that runs this call.
+
+        `progress` and `total` are real numbers (`TypeError` for a bool or a non-number,
+        `ValueError` for NaN or an infinity), `message` a str or None. A value not greater
+        than the last one reported for this call (across retry attempts) is dropped, so the
+        callback only ever sees increasing values. The sync callback runs on this thread; an
+        awaited call's callback is scheduled on its event loop. Progress of a nested call's
+        body is dropped. Raises `RuntimeError` after the body has settled.
+        """
+        check_progress(progress, total, message)
+        if self._closed:
+            raise RuntimeError("report_progress() after the tool body has returned")
+        sink = self._progress
+        if sink is not None:
+            sink.report(self.call, progress, total, message)
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            "a ToolContext cannot be pickled: it belongs to one call in this process "
+            "(pass what the work needs, e.g. ctx.call.arguments)"
+        )
+
+    def __repr__(self) -> str:
+        return f"<ToolContext {self.call.name!r} call_id={self.call.call_id!r}>"
 
     # -- the party that runs the body ----------------------------------------------------------
 
-    def run(self) -> None:
+    def _run(self) -> None:
         """Start the body here if nobody claimed it, and if its token allows; never raises."""
-        if not self._claim.acquire(blocking=False):
+        if not self._claim.acquire(False):
             return  # a canceller owns it: it never starts, and the joiner was woken already
         try:
-            if not (self.check and self.token.cancelled):
-                self.started = True
-                try:
-                    self.value = self._target()
-                    # Read here, not after the join: a deadline firing while the caller wakes
-                    # up must not turn an on-time success into a cancellation.
-                    self.live_on_return = not self.token.cancelled
-                except BaseException as exc:  # recorded for the caller; the worker lives on
-                    self.error = exc
+            if self._live and self.token.cancelled:
+                return  # the last recheck: cancelled while queued, so it never starts
+            self._started = True
+            self._dispatched_at = time.monotonic()
+            if not self._live:
+                self._watch_overdue()  # pre-aborted: it starts under a cancelled token
+            try:
+                if self._is_async:
+                    value = self._host.run_coroutine(self._coroutine, self.token)
+                else:
+                    value = self._fn(self.call.arguments, self)
+            except BaseException as exc:  # recorded for the stage thread; the worker lives on
+                self._error = exc
+            else:
+                self._value = value
+                # Read here, not after the join: a deadline firing while the joiner wakes up
+                # must not turn an on-time success into a cancellation.
+                self._live_on_return = not self.token.cancelled
+            self._settled_at = time.monotonic()
         finally:
-            self.settled = True
+            with _CONTEXT_LOCK:
+                self._closed = True
+            self._settled = True
             self._done.release()
 
-    # -- cancellers ------------------------------------------------------------------------------
+    def _coroutine(self) -> Coroutine[Any, Any, Any]:
+        coroutine: Coroutine[Any, Any, Any] = self._fn(self.call.arguments, self)
+        return coroutine
 
-    def on_cancel(self) -> None:
-        """Cancel callback: claim a body that has not started; else watch for an overdue one."""
-        if self._claim.acquire(blocking=False):
-            self.settled = True
-            self._done.release()
-        else:
-            self.watch_overdue()
+    def _drop(self) -> None:
+        """The pool discarded this item: it never starts."""
+        self._claim_back()
 
-    def watch_overdue(self) -> None:
+    def _is_settled(self) -> bool:
+        return self._settled
+
+    def _wake(self) -> None:
+        """The joiner woke at a lazy deadline's due time: act as its listener would have."""
+        if self.token.cancelled:
+            self._cancelled()
+
+    # -- cancellers --------------------------------------------------------------------------------
+
+    def _cancelled(self) -> None:
+        """The call was cancelled: claim a body that has not started, else watch it."""
+        if self._live and self._claim_back():
+            return
+        self._watch_overdue()
+
+    def _claim_back(self) -> bool:
+        """Claim the body for a canceller: True if it had not started (it never will)."""
+        if not self._claim.acquire(False):
+            return False
+        with _CONTEXT_LOCK:
+            self._closed = True
+        self._settled = True
+        self._done.release()
+        return True
+
+    def _watch_overdue(self) -> None:
         """Warn once if the body has not settled `overdue_after` seconds from now."""
-        if not self.settled and self._overdue_after is not None and self._overdue is None:
-            watch = deadline(None, self._overdue_after)
+        after = self._host.overdue_after
+        if self._settled or after is None or self._overdue is not None:
+            return
+        watch = deadline(None, after)
+        if self._keep_watch(watch):
             watch.token.on_cancel(self._warn_overdue)
+
+    def _keep_watch(self, watch: CancelSource) -> bool:
+        """Keep `watch` as the overdue watch, unless another thread set one first."""
+        with _WATCH_LOCK:
+            if self._overdue is not None:
+                return False
             self._overdue = watch
+            return True
 
     def _warn_overdue(self) -> None:
-        if not self.settled:
+        if not self._settled:
             logger.warning(
                 "toolreg: tool %s has not settled %gs after its cancellation; the registry keeps "
                 "waiting for it (a non-quiescent call: make the body observe ctx.token)",
-                f"{self._call.name!r} (call {self._call.call_id})",
-                self._overdue_after,
+                f"{self.call.name!r} (call {self.call.call_id})",
+                self._host.overdue_after,
             )
 
-    # -- the joiner ------------------------------------------------------------------------------
+    def _finish(self) -> tuple[Any, ...]:
+        """After the join: stop the overdue watch; the deferred items."""
+        watch = self._overdue
+        if watch is not None:
+            watch.close()
+        contexts = self._contexts
+        return () if contexts is None else tuple(contexts)
 
-    def submit_and_join(
-        self, executor: Executor, interrupt: Callable[[BaseException], None]
-    ) -> None:
-        """Run the body on `executor` and wait until it settled (or never started).
 
-        A Ctrl-C here, even one that lands inside `submit()`, calls `interrupt` (which cancels
-        the call) and claims the body if it has not started; the join then goes on.
-        """
+Submit = Callable[[ToolContext], bool]  # hands the body to a worker; True if one took it at once
+
+
+def run_body(
+    state: CallState,
+    ctx: ToolContext,
+    submit: Submit | None,
+    interrupted: Callable[[BaseException], None],
+) -> str | None:
+    """Run the body of `ctx` inline (`submit` None) or on a worker, and join it.
+
+    Returns a problem message if the executor refused the body (it never started), else None.
+    Anything that lands while handing over or joining is an interrupt: `interrupted(exc)`
+    cancels the call, the body is claimed back if it has not started, and the join goes on.
+    """
+    if submit is None:
+        ctx._run()
+        return None
+    listener: Registration | None = None
+    try:
         try:
-            executor.submit(self.run)
-        except INTERRUPTS as exc:
-            interrupt(exc)
-            self._claim_after_interrupt()
-        except RuntimeError:  # the executor was shut down under us
-            if self._claim.acquire(blocking=False):
-                self.settled = True
-                self._done.release()
-                raise
-        self.join(interrupt)
+            submit(ctx)
+        except RuntimeError as exc:  # the executor was shut down by its owner
+            if ctx._claim_back():
+                return f"the executor refused the body: {exc}"
+            raise
+        listener, wake_at = _listen(state, ctx)
+        if not ctx._settled:
+            wait_until(
+                ctx._is_settled,
+                functools.partial(ctx._done.acquire, True),
+                functools.partial(_interrupt_join, ctx, interrupted),
+                wake_at,
+                ctx._wake,
+            )
+    except BaseException as exc:  # landed between the guarded spots: the claim decides
+        _interrupt_join(ctx, interrupted, exc)
+        wait_until(
+            ctx._is_settled,
+            functools.partial(ctx._done.acquire, True),
+            functools.partial(_interrupt_join, ctx, interrupted),
+        )
+    finally:
+        if listener is not None:
+            listener.remove()  # waits for a callback running right now
+    return None
 
-    def join(self, interrupt: Callable[[BaseException], None]) -> None:
-        """Wait until the body settled or was claimed by a canceller; Ctrl-C-safe.
 
-        The main thread waits in slices: a SIGINT that lands between releasing the GIL and
-        blocking in `acquire()` is only handled when the wait returns, so an unbounded wait
-        could sit on a Ctrl-C until the body finished on its own.
-        """
-        main = threading.current_thread() is threading.main_thread()
-        slice_ = MAIN_THREAD_SLICE if main else -1
-        # `settled` is written before `_done` is released: once it reads True the outcome is
-        # recorded. Looping on it (not on the lock) also survives a Ctrl-C that lands right
-        # after a successful acquire, which must not send us back to wait on a lock we hold.
-        while not self.settled:
-            try:
-                self._done.acquire(timeout=slice_)
-            except INTERRUPTS as exc:
-                interrupt(exc)
-                self._claim_after_interrupt()
+def _interrupt_join(
+    ctx: ToolContext, interrupted: Callable[[BaseException], None], exc: BaseException
+) -> None:
+    interrupted(exc)
+    ctx._claim_back()
 
-    def claim_or_join(self, interrupt: Callable[[BaseException], None]) -> None:
-        """After a Ctrl-C anywhere around submit/join: claim it if unstarted, else join it."""
-        self._claim_after_interrupt()
-        self.join(interrupt)
 
-    def _claim_after_interrupt(self) -> None:
-        if self._claim.acquire(blocking=False):
-            self.settled = True
-            self._done.release()
+def _listen(
+    state: CallState, ctx: ToolContext
+) -> tuple[Registration | None, Callable[[], float | None] | None]:
+    """After the hand-off: who wakes the joiner if the body is cancelled before it starts.
 
-    def finish(self, registration: Registration | None) -> None:
-        """After the join: drop the cancel callback and any overdue watch."""
-        if registration is not None:
-            registration.remove()  # waits for an on_cancel running right now
-        overdue = self._overdue
-        if overdue is not None:
-            overdue.close()
+    The body's token is the call's own token, or a lazy deadline below it (TimeoutPolicy): then
+    the caller's token gets the one listener (none for a never-cancelled caller: `close()`,
+    Ctrl-C and the asyncio facade reach the body through `CallState.cancel`), and the joiner
+    wakes by itself at the deadline's due time. Anything else listens on the body's token.
+    """
+    due = ctx.token._lazy_due_above(state.token)
+    if due is False:
+        return ctx.token.on_cancel(ctx._cancelled), None
+    caller = state.caller
+    listener = None
+    if state.live and caller is not CancelToken.never():
+        listener = caller.on_cancel(functools.partial(_caller_cancelled, state))
+    if due is None:
+        return listener, None
+    return listener, functools.partial(_due, due)
+
+
+def _due(due: float) -> float:
+    return due
+
+
+def _caller_cancelled(state: CallState) -> None:
+    state.cancel(state.caller.reason)
+
+
+def as_call(call_or_name: object, arguments: Mapping[str, Any] | None) -> ToolCall:
+    """A `ToolCall` from what `execute` was given; `TypeError` for anything else."""
+    if isinstance(call_or_name, ToolCall):
+        if arguments is not None:
+            raise TypeError("pass arguments inside the ToolCall, not beside it")
+        return call_or_name
+    if isinstance(call_or_name, str):
+        return ToolCall(call_or_name, arguments)
+    raise TypeError(
+        f"execute() takes a ToolCall or a tool name, got {type(call_or_name).__name__}"
+    )

@@ -313,6 +313,44 @@ class CancelToken:
 
     # -- internal -----------------------------------------------------------------------------
 
+    def _descends_from(self, ancestor: CancelToken) -> bool:
+        """Whether `ancestor`'s cancellation reaches this token (a bounded upward walk)."""
+        seen = 0
+        frontier: list[CancelToken] = [self]
+        while frontier and seen < _DESCENT_LIMIT:
+            node = frontier.pop()
+            if node is ancestor:
+                return True
+            seen += 1
+            pending = node._pending
+            if pending is not None:
+                frontier.extend(pending)
+            links = node._links
+            if links:
+                frontier.extend(parent for parent, _ in links)
+        return False
+
+    def _lazy_due_above(self, ancestor: CancelToken) -> float | bool | None:
+        """The earliest lazy due time on the path up to `ancestor`, if the path is all lazy.
+
+        The path must be single-parent lazy links ending at `ancestor`: then None (no due time
+        on it) or the earliest due time. Anything else (an eager token on the way, a fused
+        one, another root): False.
+        """
+        node: CancelToken = self
+        due: float | None = None
+        for _ in range(_DESCENT_LIMIT):
+            if node is ancestor:
+                return due
+            pending = node._pending
+            if pending is None or len(pending) != 1 or node._linking:
+                return False
+            node_due = node._due
+            if node_due is not None and (due is None or node_due < due):
+                due = node_due
+            node = pending[0]
+        return False
+
     def _attach(self, ref: weakref.ref[CancelToken]) -> bool:
         """Hold a child weakly; False (nothing held) if this token is already cancelled."""
         if self.cancelled:
@@ -459,6 +497,7 @@ class CancelToken:
 
 
 _FIRST_SWEEP = 64
+_DESCENT_LIMIT = 16  # tokens walked to tell whether one descends from another
 _Marked = tuple["set[weakref.ref[CancelToken]] | None", "dict[int, _Listener] | None"]
 
 

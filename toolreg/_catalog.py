@@ -11,13 +11,19 @@ JSON-serializable copy.
 from __future__ import annotations
 
 import inspect
+import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._cancel import Registration
+from ._hooks import HookRegistration
 from ._tools import Tool, Validator, compile_output_schema, compile_schema, thaw
 
-__all__ = ["Catalog", "CatalogEntry", "SchemaStyle"]
+__all__ = ["Catalog", "CatalogEntry", "SchemaStyle", "ToolTable"]
+
+logger = logging.getLogger("toolreg")
 
 SchemaStyle = Literal["openai", "anthropic", "mcp"]
 
@@ -129,3 +135,54 @@ _SHAPES: dict[str, Callable[[CatalogEntry], dict[str, Any]]] = {
     "anthropic": _anthropic,
     "mcp": _mcp,
 }
+
+
+class ToolTable:
+    """The registered tools: a name -> `CatalogEntry` dict, replaced copy-on-write.
+
+    A call looks its tool up once, without a lock. Registering builds the new dict outside the
+    lock (schemas are compiled before anything changes) and swaps it in only if nobody changed
+    the table meanwhile. `changed()` runs after every change, on the changing thread, outside
+    any lock.
+    """
+
+    def __init__(self, changed: Callable[[], None]) -> None:
+        self.entries: dict[str, CatalogEntry] = {}
+        self._changed = changed
+        self._lock = threading.Lock()  # guards the swap of `entries`
+
+    def lookup(self, name: str) -> CatalogEntry | None:
+        """The entry registered under `name` now, or None."""
+        return self.entries.get(name)
+
+    def catalog(self) -> Catalog:
+        """The tools and their schemas as they are now (one snapshot)."""
+        return Catalog(self.entries)
+
+    def register(self, tool: Tool) -> Registration:
+        """Add a tool; `ValueError` for a duplicate name or an invalid schema."""
+        entry = CatalogEntry.build(tool)
+        while True:
+            current = self.entries
+            if tool.name in current:
+                raise ValueError(f"a tool named {tool.name!r} is already registered")
+            tools = {**current, tool.name: entry}
+            with self._lock:
+                if self.entries is current:
+                    self.entries = tools
+                    break
+        self._changed()
+        return HookRegistration(lambda: self._unregister(entry))
+
+    def _unregister(self, entry: CatalogEntry) -> bool:
+        while True:
+            current = self.entries
+            if current.get(entry.tool.name) is not entry:
+                return False
+            tools = {name: kept for name, kept in current.items() if kept is not entry}
+            with self._lock:
+                if self.entries is current:
+                    self.entries = tools
+                    break
+        self._changed()
+        return True

@@ -20,9 +20,8 @@ from ._cancel import Cancelled, CancelToken
 class CoroutineRunner:
     """A lazily started event loop on one daemon thread, closed by `close()`."""
 
-    def __init__(self, name: str, local: threading.local) -> None:
+    def __init__(self, name: str) -> None:
         self._name = name
-        self._local = local  # the registry's: .depth counts the bodies running on our thread
         self._lock = threading.Lock()  # guards _loop, _thread, _closed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -37,14 +36,11 @@ class CoroutineRunner:
         settled = threading.Event()
         outcome: list[Any] = []
 
-        local = self._local
-
         async def body() -> None:
             task = asyncio.current_task()
             assert task is not None
             # A pre-aborted body runs under a cancelled token to clean up: it is not cancelled.
             cancel = None if token.cancelled else token.on_cancel(lambda: _cancel_soon(loop, task))
-            local.depth = getattr(local, "depth", 0) + 1  # this loop thread is inside a call now
             try:
                 outcome.append((True, await make()))
             except asyncio.CancelledError:
@@ -52,7 +48,6 @@ class CoroutineRunner:
             except BaseException as exc:
                 outcome.append((False, exc))
             finally:
-                local.depth -= 1
                 if cancel is not None:
                     cancel.remove()
                 settled.set()
@@ -76,6 +71,15 @@ class CoroutineRunner:
                 self._loop, self._thread = loop, thread
                 thread.start()
             return self._loop
+
+    def is_loop_thread(self, ident: int) -> bool:
+        """Whether `ident` is this runner's loop thread (where async bodies run)."""
+        thread = self._thread
+        return thread is not None and thread.ident == ident
+
+    def after_fork(self) -> CoroutineRunner:
+        """In a forked child: a new runner (the loop's thread did not survive the fork)."""
+        return CoroutineRunner(self._name)
 
     def close(self) -> None:
         """Stop the loop and join its thread (after every async body has settled). Idempotent."""
@@ -104,7 +108,7 @@ def _run_in_fresh_loop(make: Callable[[], Coroutine[Any, Any, Any]], token: Canc
     result: list[Any] = []
 
     def target() -> None:
-        runner = CoroutineRunner("toolreg-nested", threading.local())
+        runner = CoroutineRunner("toolreg-nested")
         try:
             result.append((True, runner.run(make, token)))
         except BaseException as exc:

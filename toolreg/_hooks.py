@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -183,3 +185,68 @@ class HookRegistration(Registration):
 
     def __repr__(self) -> str:
         return f"<Registration {'removed' if self._removed else 'active'}>"
+
+
+class HookTable:
+    """The registered hooks: one `HookSet`, replaced copy-on-write.
+
+    A call reads `current` once, without a lock, and keeps that set for its whole life. A
+    change builds the new set outside the lock and swaps it in only if nobody changed the set
+    meanwhile: nothing is allocated under the lock, so a garbage collection (which may run a
+    finalizer that removes a registration) can never run while it is held.
+    """
+
+    def __init__(self) -> None:
+        self.current = HookSet()
+        self._lock = threading.Lock()  # guards the swap of `current`
+
+    def add(self, kind: str, hook: Callable[..., Any]) -> Registration:
+        """Append `hook` to the `kind` tuple; its registration removes exactly this entry."""
+        # A fresh callable per registration (a C-level partial: no extra Python frame), so the
+        # same function registered twice is two registrations, each removed exactly once.
+        key = functools.partial(hook)
+
+        def add(hooks: HookSet) -> HookSet:
+            changes: dict[str, Any] = {kind: (*getattr(hooks, kind), key)}
+            return dataclasses.replace(hooks, **changes)
+
+        self._swap(add)
+        return HookRegistration(lambda: self._remove(kind, key))
+
+    def set_approver(self, approver: Approver) -> Registration:
+        """Make `approver` the approver; its registration removes it if it is still current."""
+        self._swap(lambda hooks: dataclasses.replace(hooks, approver=approver))
+
+        def undo() -> bool:
+            return self._swap(
+                lambda hooks: (
+                    dataclasses.replace(hooks, approver=None)
+                    if hooks.approver is approver
+                    else None
+                )
+            )
+
+        return HookRegistration(undo)
+
+    def _remove(self, kind: str, key: Callable[..., Any]) -> bool:
+        def remove(hooks: HookSet) -> HookSet | None:
+            current = getattr(hooks, kind)
+            kept = tuple(entry for entry in current if entry is not key)
+            if len(kept) == len(current):
+                return None
+            changes: dict[str, Any] = {kind: kept}
+            return dataclasses.replace(hooks, **changes)
+
+        return self._swap(remove)
+
+    def _swap(self, change: Callable[[HookSet], HookSet | None]) -> bool:
+        """Replace the set with `change(current)` (None: no change); False if none."""
+        while True:
+            current = self.current
+            changed = change(current)
+            if changed is None:
+                return False
+            with self._lock:
+                if self.current is current:
+                    self.current = changed
+                    return True

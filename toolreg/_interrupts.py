@@ -1,11 +1,34 @@
-"""Ctrl-C as a request, not an exception: defer SIGINT while a batch is scheduled.
+"""Where a Ctrl-C (or any exception a signal handler raises) may land, and what happens then.
 
-A `KeyboardInterrupt` raised by Python's default SIGINT handler can land on any bytecode of the
-main thread, including the few between counting a batch in and counting it out. While a batch
-runs on the main thread with the default handler in place, `deferred_sigint()` swaps in a handler
-that only records the press and wakes the scheduler (through a reentrant `SimpleQueue.put`),
-so the scheduler cancels the batch at a point of its choosing and re-raises once it drained.
-A custom handler installed by the application is left alone.
+Python runs signal handlers in the main thread, between bytecodes: a `KeyboardInterrupt` from
+the default SIGINT handler, or whatever an application's own handler raises (the
+`signal.alarm()` + raise-`TimeoutError` idiom), can appear at almost any line the main thread
+runs, including the library's own. The contract is the same wherever it lands: the call it lands
+in is cancelled (its own token, never the caller's), the pipeline is completed (a started body
+is joined, observers see the result once), and then the exception is re-raised. What that takes
+depends on where it landed:
+
+* In a hook, the approver or a wrapper (user code): `KeyboardInterrupt` and `SystemExit` raised
+  there are interrupts (`INTERRUPTS`), anything else is that hook's failure (`HOOK_ERROR`).
+* In a wait of the library's own (joining a body, draining wrappers, scheduling a batch): there
+  is no user code on that line, so *any* exception is asynchronous: it is an interrupt. The wait
+  then goes on: `wait_until` hands the exception to the call and keeps waiting until the thing
+  waited for has settled.
+* While a body is handed to a worker: who starts the body is one claim (see `_claim`), so the
+  interrupted caller claims it back if no worker has started it, or joins it if one has.
+
+Why the main thread waits in slices: a signal that arrives after the interpreter's last check
+and before the thread blocks in `lock.acquire()` is only handled when that wait returns; an
+unbounded wait could hold a Ctrl-C until the body finished on its own. `wait_until` therefore
+waits in `MAIN_THREAD_SLICE` slices on the main thread (other threads never receive signals and
+block without a timeout).
+
+Why a batch defers SIGINT and `execute` does not: a batch's scheduler runs many lines of its own
+between counting the batch in and out; with Python's default handler in place, `deferred_sigint`
+swaps in a handler that only records the press and wakes the scheduler, which then cancels the
+batch at a point of its choosing, drains it, and raises `KeyboardInterrupt`. `execute` would pay
+two `signal.signal()` calls per call for that; it handles the exception wherever it lands
+instead. A custom handler installed by the application is never replaced.
 """
 
 from __future__ import annotations
@@ -13,8 +36,49 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from types import FrameType
+
+__all__ = [
+    "INTERRUPTS",
+    "MAIN_THREAD_SLICE",
+    "SigintRequest",
+    "deferred_sigint",
+    "wait_until",
+]
+
+INTERRUPTS = (KeyboardInterrupt, SystemExit)  # raised by user code: an interrupt, not a failure
+MAIN_THREAD_SLICE = 0.1  # seconds; bounds how late a signal is handled while the main thread waits
+
+
+def wait_until(
+    done: Callable[[], bool],
+    wait: Callable[[float], object],
+    interrupted: Callable[[BaseException], None],
+    wake_at: Callable[[], float | None] | None = None,
+    woke: Callable[[], None] | None = None,
+) -> None:
+    """Call `wait(timeout)` until `done()`; an exception landing meanwhile never ends the wait.
+
+    `wait(timeout)` blocks at most `timeout` seconds, or without limit for -1 (like
+    `Lock.acquire`). Any exception raised while waiting goes to `interrupted(exc)` (which
+    cancels what is waited for) and the wait goes on. `wake_at()` is a monotonic time at which
+    to call `woke()` (say, a deadline that nothing pushes), or None.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    while not done():
+        timeout = MAIN_THREAD_SLICE if main else -1.0
+        due = None if wake_at is None else wake_at()
+        if due is not None:
+            left = max(0.0, due - time.monotonic())
+            timeout = left if timeout < 0 else min(timeout, left)
+        try:
+            wait(timeout)
+            if due is not None and woke is not None and time.monotonic() >= due:
+                woke()
+        except BaseException as exc:  # asynchronous: nothing else runs on this line
+            interrupted(exc)
 
 
 class SigintRequest:
@@ -37,7 +101,11 @@ def _nothing() -> None:
 
 @contextlib.contextmanager
 def deferred_sigint() -> Iterator[SigintRequest]:
-    """Within the block, SIGINT sets `.pressed` and calls `.wake()` instead of raising."""
+    """Within the block, SIGINT sets `.pressed` and calls `.wake()` instead of raising.
+
+    Only on the main thread and only while Python's default handler is installed; on leaving the
+    block the default handler is back and a press made meanwhile raises `KeyboardInterrupt`.
+    """
     request = SigintRequest()
     if threading.current_thread() is not threading.main_thread():
         yield request  # signals are only handled on the main thread: nothing to defer

@@ -1,520 +1,575 @@
-"""The stages of one call, and the cancellation contract they keep.
+"""The stages of one call, top to bottom, and the cancellation contract they keep.
 
-One `CallState` per call holds everything the stages share: the caller's token captured at entry
-and whether it was live then (read once), the call's own token (a child of the caller's that
-`close()` and Ctrl-C cancel too), whether a body started, the start time, the stage. Wrappers
-only ever see a `Dispatch`, so nothing they can reach can detach the caller.
+`execute` runs the entry checks and then `run_stages`, which reads like the contract:
 
-The contract, stage by stage (API.md sections 3 and 4):
+    gate (pre-execute hooks, approval, guards)
+      -> around wrappers | the body
+      -> cancellation replaces success
+      -> post-execute hooks
+      -> finalize (the frozen result: call, dispatched, duration, timeline)
+      -> notify (observers, each once)
 
+The rules they keep (docs/contract.md, sections 3 and 4):
+
+* The caller's token is captured at entry (`CallState.caller`), with whether it was live then,
+  read once. Wrappers only ever see a `Dispatch`, so nothing they can reach detaches the caller.
 * A token live at entry is rechecked after the pre-execute hooks, after approval, and on the
   body's thread immediately before the body, where the call's token is fused with whatever
-  `dispatch.token` holds then. Cancelled at any of those points: `ABORTED_BEFORE_DISPATCH`, and
-  the body never starts.
-* Once a body starts it is joined, however long it ignores its token.
+  `dispatch.token` holds then (no fusing needed when that token descends from the call's).
+  Cancelled at any of those points: `ABORTED_BEFORE_DISPATCH`, and the body never starts. A
+  denial returned while the token is cancelled is that cancellation too.
+* Once a body starts it is joined, however long it ignores its token (`_body.run_body`).
 * Cancellation that wins before the final result is materialized replaces a *success*: `ABORTED`
   if a body started, else `ABORTED_BEFORE_DISPATCH`, keeping deferred contexts. Failures stay.
 * Pre-aborted entry (`start_if_cancelled=True` and a cancelled caller token): the call goes
   through and the body's own outcome stands.
 
-The check-then-start race on the body's thread is decided by `BodyRun`'s claim: if cancellation
-lands after the check, the body starts with a cancelled token and its success becomes `ABORTED`
-(it is `dispatched`); `ABORTED_BEFORE_DISPATCH` is only ever reported for a body that never runs.
+Every result that user code hands back (a wrapper's, a post hook's) is checked before it is
+used: something that is not a well-formed `ToolResult` fails closed as `HOOK_ERROR`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from ._body import INTERRUPTS, MAIN_THREAD_SLICE, BodyRun
-from ._cancel import Cancelled, CancelSource, CancelToken, Registration
-from ._hooks import Allow, Ask, Deny, Dispatch, HookSet
-from ._progress import ProgressSink
-from ._results import ErrorCode, ToolCall, ToolResult, render_content
-from ._tools import Tool, ToolContext, Validator
+import fastjsonschema
 
-if TYPE_CHECKING:
-    from ._registry import ToolRegistry
+from ._body import BodyHost, Submit, ToolContext, run_body
+from ._call import CallState, Stage
+from ._cancel import Cancelled, CancelSource, CancelToken
+from ._catalog import CatalogEntry
+from ._hooks import Allow, Ask, Deny, Dispatch
+from ._interrupts import INTERRUPTS, wait_until
+from ._results import (
+    CallTimeline,
+    ErrorCode,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    failure_content,
+    finish_result,
+    frozen_call,
+    make_result,
+    render_content,
+)
+from ._tools import InvalidArguments, freeze_arguments
+
+__all__ = ["PipelineHost", "describe", "execute", "never_started"]
 
 logger = logging.getLogger("toolreg")
 
 _ABORTED = ErrorCode.ABORTED
 _BEFORE = ErrorCode.ABORTED_BEFORE_DISPATCH
+_NO_CONTEXTS: tuple[Any, ...] = ()
+
+PROCEEDS_LOCK = threading.Lock()  # guards every CallState's chain_open, foreign_proceeds, drained
 
 
-class CallState:
-    """Everything the stages of one call share (one object per call)."""
+class PipelineHost(BodyHost, Protocol):
+    """What the stages need from the dispatcher that runs them."""
 
-    __slots__ = (
-        "body_run",
-        "call",
-        "caller_token",
-        "debug",
-        "dispatched",
-        "hook_error",
-        "hooks",
-        "inline",
-        "interrupted",
-        "live_at_entry",
-        "output_validator",
-        "own_result",
-        "proceeds",
-        "progress",
-        "registry",
-        "source",
-        "stage",
-        "started",
-        "token",
-        "tool",
-        "validator",
-    )
+    def lookup(self, name: str) -> CatalogEntry | None:
+        """The catalog entry registered under `name` now."""
+        ...
 
-    def __init__(
-        self,
-        registry: ToolRegistry,
-        call: ToolCall,
-        tool: Tool,
-        hooks: HookSet,
-        caller_token: CancelToken,
-        live_at_entry: bool,
-        source: CancelSource,
-        started: float,
-        inline: bool,
-        output_validator: Validator | None = None,
-    ) -> None:
-        self.registry = registry
-        self.call = call
-        self.tool = tool
-        self.hooks = hooks
-        self.caller_token = caller_token
-        self.live_at_entry = live_at_entry  # read once, at entry, by the registry
-        self.source = source  # the call's own source: caller + registry root (+ Ctrl-C)
-        self.token = source.token
-        self.started = started
-        self.inline = inline  # run bodies on this thread (nested calls, batch, asyncio)
-        self.dispatched = False
-        self.proceeds: _Proceeds | None = None  # proceed() calls in flight (with wrappers only)
-        self.stage = "entry"
-        self.debug = logger.isEnabledFor(logging.DEBUG)  # one cheap check per call
-        self.interrupted: BaseException | None = None
-        self.hook_error: ToolResult[Any] | None = None  # a registry-made HOOK_ERROR
-        self.body_run: BodyRun | None = None  # the latest start of the body
-        self.own_result: ToolResult[Any] | None = None  # a result no user code has seen yet
-        self.progress: ProgressSink | None = None  # the caller's progress= (direct calls only)
-        self.output_validator = output_validator
-
-    def at(self, stage: str) -> None:
-        """Enter a stage (shown by `in_flight()`; logged at DEBUG when enabled)."""
-        self.stage = stage
-        if self.debug:
-            logger.debug(
-                "toolreg: %s %s: %s (token %s)",
-                self.call.name,
-                self.call.call_id,
-                stage,
-                "cancelled" if self.token.cancelled else "live",
-            )
-
-    # -- results ---------------------------------------------------------------------------------
-
-    def aborted(self, contexts: tuple[Any, ...] = ()) -> ToolResult[Any]:
-        if self.dispatched:
-            return ToolResult.failure(self.call, _ABORTED, "tool call aborted", contexts)
-        return ToolResult.failure(self.call, _BEFORE, "tool call aborted before dispatch", contexts)
-
-    def hook_failure(
-        self, what: str, problem: str, exc: BaseException | None = None
-    ) -> ToolResult[Any]:
-        if exc is not None:
-            logger.error("toolreg: %s failed for %s", what, self.call.call_id, exc_info=exc)
-        result = ToolResult.failure(self.call, ErrorCode.HOOK_ERROR, f"{what} {problem}", (), exc)
-        self.hook_error = result
-        return result
-
-    def raised(self, what: str, exc: BaseException, token: CancelToken) -> ToolResult[Any]:
-        """The result of a hook or wrapper that raised `exc`."""
-        if isinstance(exc, INTERRUPTS):
-            self.interrupt(exc)
-            return self.aborted()
-        if isinstance(exc, Cancelled) and (self.token.cancelled or token.cancelled):
-            return self.aborted()
-        return self.hook_failure(what, f"raised {type(exc).__name__}: {exc}", exc)
-
-    def interrupt(self, exc: BaseException) -> None:
-        """Ctrl-C inside the call: cancel the call (never the caller), finish, re-raise later."""
-        if self.interrupted is None:
-            self.interrupted = exc
-        self.source.cancel(type(exc).__name__)
-
-    def cancelled_at(self) -> float | None:
-        """When the call's token was cancelled (monotonic seconds), or None while live."""
-        token = self.token
-        return token._cancelled_at if token.cancelled else None
-
-    def body_started(self) -> bool:
-        """Whether a body of this call has started (it may still be running)."""
-        run = self.body_run
-        return self.dispatched or (run is not None and run.started)
-
-    def revoked(self) -> bool:
-        """A token live at entry has been cancelled since (a recheck)."""
-        return self.live_at_entry and self.token.cancelled
-
-    # -- stages ----------------------------------------------------------------------------------
-
-    def run(self) -> tuple[ToolResult[Any], bool]:
-        """Run the stages; return the result and whether it goes through post-execute hooks."""
-        result = self._admit()
-        if result is None:
-            if self.hooks.around:
-                dispatch = Dispatch(self.call, self.tool, self.caller_token, self.token)
-                self.at("around")
-                self.proceeds = _Proceeds()
-                result = self.proceed(0, dispatch)
-                self._end_wrappers()
-            else:
-                result = self._run_body(self.token)
-        if self.hook_error is not None and result is self.hook_error:
-            return result, False
-        return self._unless_revoked(result), True
-
-    def _admit(self) -> ToolResult[Any] | None:
-        """Pre-execute hooks, approval, guards: a result if the call stops here, else None."""
-        hooks = self.hooks
-        if not (hooks.pre_execute or hooks.guards):
-            return None
-        # A denial returned while the call's token is cancelled is the cancellation: the hook or
-        # approver that said no may have said it *because* its turn was cancelled.
-        ask = self._pre_execute()
-        if self.revoked() and (ask is None or not self._malfunction(ask)):
-            return self.aborted()
-        if isinstance(ask, ToolResult):
-            return ask
-        if ask is not None:
-            denial = self._approve(ask)
-            if self.revoked():
-                return self.aborted()
-            if denial is not None:
-                return denial
-        return self._guards()
-
-    def _malfunction(self, outcome: ToolResult[Any] | Ask) -> bool:
-        """A registry-made HOOK_ERROR (a hook that raised or returned nonsense) stays one."""
-        return outcome is self.hook_error
-
-    def _pre_execute(self) -> ToolResult[Any] | Ask | None:
-        first_ask: Ask | None = None
-        self.at("pre_execute")
-        for hook in self.hooks.pre_execute:
-            try:
-                decision: object = hook(self.call, self.token)
-            except BaseException as exc:
-                return self.raised("pre-execute hook", exc, self.token)
-            if decision is None or isinstance(decision, Allow):
-                continue
-            if isinstance(decision, Deny):
-                return self._denied(decision.reason)
-            if isinstance(decision, Ask):
-                first_ask = first_ask or decision
-                continue
-            return self.hook_failure("pre-execute hook", f"returned {type(decision).__name__}")
-        return first_ask
-
-    def _approve(self, ask: Ask) -> ToolResult[Any] | None:
-        approver = self.hooks.approver
-        if approver is None:
-            return self._denied(ask.reason)
-        self.at("approval")
-        try:
-            approved = approver(self.call, ask.reason, self.token)
-        except INTERRUPTS as exc:
-            self.interrupt(exc)
-            return self.aborted()
-        except Cancelled:
-            if self.token.cancelled:
-                return self.aborted()
-            approved = False
-        except BaseException as exc:
-            logger.warning(
-                "toolreg: the approver raised; denying %s", self.call.call_id, exc_info=exc
-            )
-            approved = False
-        return None if approved is True else self._denied(ask.reason)
-
-    def _guards(self) -> ToolResult[Any] | None:
-        self.at("guards")
-        for guard in self.hooks.guards:
-            try:
-                verdict: object = guard(self.call)
-            except BaseException as exc:
-                return self.raised("guard", exc, self.token)
-            if verdict is None:
-                continue
-            if isinstance(verdict, str):
-                return self._denied(verdict)
-            return self.hook_failure("guard", f"returned {type(verdict).__name__}")
-        return None
-
-    def _denied(self, reason: object) -> ToolResult[Any]:
-        return ToolResult.failure(self.call, ErrorCode.DENIED, str(reason))
-
-    def _unless_revoked(
-        self, result: ToolResult[Any], contexts: tuple[Any, ...] | None = None
-    ) -> ToolResult[Any]:
-        """Cancellation that won replaces a success (keeping its contexts); failures stay."""
-        if result.ok and self.revoked():
-            return self.aborted(result.contexts if contexts is None else contexts)
-        return result
-
-    # -- around wrappers and the body -----------------------------------------------------------
-
-    def proceed(self, index: int, dispatch: Dispatch) -> ToolResult[Any]:
-        """Run wrapper `index` (or, past the last, the body); never raises."""
-        wrappers = self.hooks.around
-        if index == len(wrappers):
-            return self._body(dispatch)
-        wrapper = wrappers[index]
-
-        def proceed() -> ToolResult[Any]:
-            proceeds = self.proceeds
-            if proceeds is None or not proceeds.enter():
-                return self.hook_failure("around wrapper", "called proceed() after the call ended")
-            try:
-                return self.proceed(index + 1, dispatch)
-            finally:
-                proceeds.leave()
-
-        try:
-            result: object = wrapper(dispatch, proceed)
-        except BaseException as exc:
-            return self.raised("around wrapper", exc, dispatch.token)
-        if not isinstance(result, ToolResult):
-            return self.hook_failure("around wrapper", f"returned {type(result).__name__}")
-        return result
-
-    def _body(self, dispatch: Dispatch) -> ToolResult[Any]:
-        self.at("dispatch")
-        wrapper_token: object = dispatch.token
-        fused = None
-        token = self.token
-        if wrapper_token is not token:
-            if not isinstance(wrapper_token, CancelToken):
-                return self.hook_failure("around wrapper", "left a non-token in dispatch.token")
-            fused = CancelSource(token, wrapper_token)
-            token = fused.token
-        try:
-            return self._run_body(token)
-        finally:
-            if fused is not None:
-                fused.close()  # nothing of this body stays registered on the caller's token
-
-    def _run_body(self, token: CancelToken) -> ToolResult[Any]:
-        registry = self.registry
-        ctx = ToolContext(self.call, token, registry._nested, self.progress)
-        tool = self.tool
-        args = self.call.arguments
-        run = BodyRun(
-            lambda: registry._run_body_here(tool, args, ctx),
-            token,
-            self.live_at_entry,
-            self.call,
-            registry._overdue_after,
-        )
-        self.body_run = run
-        registration: Registration | None = None
-        if self.live_at_entry:
-            # on_cancel runs run.on_cancel inline if the token is cancelled already: the body
-            # is then claimed and never starts.
-            registration = token.on_cancel(run.on_cancel)
-        else:
-            run.watch_overdue()  # pre-aborted: the body starts under a cancelled token
-        try:
-            refused = self._start_and_join(run)
-        except INTERRUPTS as exc:  # between submit and join: the claim decides, then we join
-            self.interrupt(exc)
-            run.claim_or_join(self.interrupt)
-            refused = None
-        finally:
-            run.finish(registration)
-            contexts = ctx.settle()
-        if refused is not None:
-            return ToolResult.failure(self.call, ErrorCode.TOOL_ERROR, refused)
-        return self._body_result(run, token, contexts)
-
-    def _start_and_join(self, run: BodyRun) -> str | None:
-        """Run the body inline or on the executor and join it; a problem message, or None."""
-        self.at("body")
-        if run.settled:  # a canceller claimed it while we registered: it never starts
-            return None
-        if self.inline:
-            run.run()
-            return None
-        try:
-            run.submit_and_join(self.registry._executor, self.interrupt)
-        except RuntimeError as exc:  # the executor was shut down by its owner
-            return f"the executor refused the body: {exc}"
-        return None
-
-    def _body_result(
-        self, run: BodyRun, token: CancelToken, contexts: tuple[Any, ...]
-    ) -> ToolResult[Any]:
-        if not run.started:
-            return self.aborted()
-        self.dispatched = True
-        self.at("after_body")
-        error = run.error
-        if error is None:
-            return self._success(run.value, run.live_on_return, contexts)
-        if isinstance(error, Cancelled) and token.cancelled:
-            return self.aborted(contexts)
-        message = f"{type(error).__name__}: {error}"
-        return ToolResult.failure(self.call, ErrorCode.TOOL_ERROR, message, contexts, error)
-
-    def _success(self, value: Any, live: bool, contexts: tuple[Any, ...]) -> ToolResult[Any]:
-        # `live`: the body's token as the body's thread saw it on return. A caller that
-        # cancelled after that is still caught by the recheck after the wrappers.
-        if self.live_at_entry and not live:
-            return self.aborted(contexts)
-        validator = self.output_validator
-        if validator is not None:
-            problem = _output_problem(validator, value)
-            if problem is not None:
-                message = f"the value does not match the output schema: {problem}"
-                return ToolResult.failure(self.call, ErrorCode.TOOL_ERROR, message, contexts)
-        try:
-            content = render_content(value, self.tool.render)
-        except Exception as exc:
-            message = f"cannot render a {type(value).__name__} result: {exc}"
-            return ToolResult.failure(self.call, ErrorCode.TOOL_ERROR, message, contexts, exc)
-        result: ToolResult[Any] = ToolResult(self.call, True, content, value, None, contexts)
-        if not (self.hooks.around or self.hooks.post_execute):
-            self.own_result = result
-        return result
-
-    def _end_wrappers(self) -> None:
-        """The chain returned: refuse new proceed() calls, join any still running elsewhere.
-
-        A wrapper may run `proceed()` on another thread and return without waiting for it; the
-        body that proceed starts is still this call's, so it is joined before the result.
-        """
-        proceeds = self.proceeds
-        assert proceeds is not None
-        drained = proceeds.close()
-        if drained is None:
-            return
-        main = threading.current_thread() is threading.main_thread()
-        while not drained.is_set():
-            try:
-                drained.wait(MAIN_THREAD_SLICE if main else None)
-            except INTERRUPTS as exc:
-                self.interrupt(exc)
-
-    # -- after the wrappers ----------------------------------------------------------------------
-
-    def post_execute(self, result: ToolResult[Any]) -> ToolResult[Any]:
-        self.at("post_execute")
-        for hook in self.hooks.post_execute:
-            try:
-                replaced: object = hook(result, self.token)
-            except BaseException as exc:
-                outcome = self.raised("post-execute hook", exc, self.token)
-                if outcome is self.hook_error or not result.ok:
-                    return outcome if outcome is self.hook_error else result
-                return self.aborted(result.contexts)
-            if replaced is None:
-                continue
-            if not isinstance(replaced, ToolResult):
-                return self.hook_failure("post-execute hook", f"returned {type(replaced).__name__}")
-            if replaced.ok and not result.ok:
-                return self.hook_failure("post-execute hook", "turned a failure into a success")
-            result = replaced
-        return self._unless_revoked(result)
-
-    def finalize(self, result: ToolResult[Any]) -> ToolResult[Any]:
-        """The frozen final result: the registry sets call, dispatched and duration."""
-        duration = time.monotonic() - self.started
-        if self.own_result is result:
-            # Made by the registry in this call and never shown to user code: finish it in place.
-            object.__setattr__(result, "dispatched", self.dispatched)
-            object.__setattr__(result, "duration", duration)
-            return result
-        return ToolResult(
-            self.call,
-            result.ok,
-            result.content,
-            result.value,
-            result.error,
-            tuple(result.contexts),
-            self.dispatched,
-            duration,
-        )
-
-    def notify(self, result: ToolResult[Any]) -> None:
-        """Each observer sees the final result once; exceptions are logged, never raised."""
-        self.at("observers")
-        for observer in self.hooks.observers:
-            try:
-                observer(result)
-            except INTERRUPTS as exc:
-                self.interrupt(exc)
-            except BaseException:
-                logger.exception("toolreg: result observer %r raised", observer)
+    def submit_for(self, state: CallState) -> Submit | None:
+        """How to hand this call's body to a worker, or None to run it inline."""
+        ...
 
 
-class _Proceeds:
-    """Counts the `proceed()` calls of one call that are still running."""
-
-    __slots__ = ("_drained", "_lock", "_open", "_running")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards the three fields below
-        self._running = 0
-        self._open = True  # False once the wrapper chain returned
-        self._drained: threading.Event | None = None
-
-    def enter(self) -> bool:
-        with self._lock:
-            if not self._open:
-                return False
-            self._running += 1
-            return True
-
-    def leave(self) -> None:
-        with self._lock:
-            self._running -= 1
-            drained = self._drained if self._running == 0 else None
-        if drained is not None:
-            drained.set()
-
-    def close(self) -> threading.Event | None:
-        """Refuse new entries; an Event set when the running ones left, or None if none run."""
-        with self._lock:
-            self._open = False
-            if self._running == 0:
-                return None
-        drained = threading.Event()  # allocated outside the lock
-        with self._lock:
-            if self._running == 0:
-                return None
-            self._drained = drained
-            return drained
+# -- entry -------------------------------------------------------------------------------------
 
 
-def _output_problem(validator: Validator, value: Any) -> str | None:
-    """Why `value` fails the output schema, or None if it passes."""
+def execute(
+    host: PipelineHost, state: CallState, admitted: CatalogEntry | None = None
+) -> ToolResult[Any]:
+    """One call from its entry checks to its observers; the final result.
+
+    `admitted`: the entry checks ran already (a batch classifies its calls with them), and
+    `state.call` holds the frozen call. A Ctrl-C (or other asynchronous exception) that landed
+    in the call is left in `state.interrupted` for the dispatcher to re-raise.
+    """
+    if admitted is not None:
+        state.admit(state.call, admitted)
+        failed = None
+    else:
+        failed = _entry_checks(host, state)
+    if failed is None and not state.live and not state.mode.start_if_cancelled:
+        # Model-driven dispatch never reopens a cancelled turn: no hook runs, observers see it.
+        failed = _failure(state.call, _BEFORE, "tool call aborted before dispatch")
+    if failed is not None:
+        return _finish(state, failed)
+    return run_stages(host, state)
+
+
+def _entry_checks(host: PipelineHost, state: CallState) -> ToolResult[Any] | None:
+    """The contract's entry checks, in order; a failed result, or None once admitted."""
+    call = state.call
     try:
-        validator(value)
-    except Exception as exc:
-        return str(getattr(exc, "message", exc))
+        frozen = freeze_arguments(call.arguments)
+    except InvalidArguments as exc:
+        state.call = frozen_call(call.name, None, call.call_id)
+        return _failure(state.call, ErrorCode.INVALID_ARGS, str(exc))
+    call = state.call = frozen_call(call.name, frozen, call.call_id)
+    entry = host.lookup(call.name) if type(call.name) is str else None
+    if entry is None:
+        return _failure(call, ErrorCode.UNKNOWN_TOOL, f"unknown tool {safe_repr(call.name)}")
+    if entry.validator is not None:
+        try:
+            entry.validator(frozen)
+        except fastjsonschema.JsonSchemaException as exc:
+            return _failure(call, ErrorCode.INVALID_ARGS, str(getattr(exc, "message", exc)))
+    state.admit(call, entry)
     return None
 
 
-def entry_failure(call: ToolCall, code: ErrorCode, message: str, started: float) -> ToolResult[Any]:
-    """A result for a call that failed the entry checks (it skips every hook)."""
-    failed = ToolResult.failure(call, code, message)
-    return ToolResult(
-        call, False, failed.content, None, failed.error, (), False, time.monotonic() - started
+def never_started(state: CallState) -> ToolResult[Any]:
+    """A batch or awaited call that never started: `ABORTED_BEFORE_DISPATCH`, observed.
+
+    Whatever its tool or arguments: no check ran, no hook ran. The result carries the frozen
+    arguments, or None if they are not JSON.
+    """
+    call = state.call
+    try:
+        arguments: Mapping[str, Any] | None = freeze_arguments(call.arguments)
+    except InvalidArguments:
+        arguments = None
+    state.call = frozen_call(call.name, arguments, call.call_id)
+    return _finish(state, _failure(state.call, _BEFORE, "tool call aborted before dispatch"))
+
+
+# -- the stages ----------------------------------------------------------------------------------
+
+
+def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
+    """gate -> around | body -> cancellation replaces success -> post -> finalize -> notify."""
+    hooks = state.hooks
+    try:
+        result = _gate(state) if (hooks.pre_execute or hooks.guards) else None
+        if result is None:
+            result = _around(host, state) if hooks.around else _body(host, state, state.token)
+            result = _unless_revoked(state, result)
+        # The very result the registry made for a broken hook skips the post hooks.
+        if hooks.post_execute and result is not state.hook_error:
+            result = _post_execute(state, result)
+    except BaseException as exc:  # landed between guarded spots: cancel, finish, re-raise later
+        state.interrupt(exc)
+        result = _aborted(state)
+    return _finish(state, result)
+
+
+def _finish(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
+    final = _finalize(state, result)
+    _notify(state, final)
+    return final
+
+
+# -- gate: pre-execute hooks, approval, guards ---------------------------------------------------
+
+
+def _gate(state: CallState) -> ToolResult[Any] | None:
+    """A result if the call stops before the wrappers, else None."""
+    # A denial returned while the call's token is cancelled is the cancellation: the hook or
+    # approver that said no may have said it *because* its turn was cancelled.
+    ask = _pre_execute(state)
+    if state.revoked() and ask is not state.hook_error:  # a broken hook stays HOOK_ERROR
+        return _aborted(state)
+    if isinstance(ask, ToolResult):
+        return ask
+    if ask is not None:
+        denial = _approve(state, ask)
+        if state.revoked():
+            return _aborted(state)
+        if denial is not None:
+            return denial
+    return _guards(state)
+
+
+def _pre_execute(state: CallState) -> ToolResult[Any] | Ask | None:
+    first_ask: Ask | None = None
+    state.at(Stage.PRE_EXECUTE)
+    for hook in state.hooks.pre_execute:
+        try:
+            decision: object = hook(state.call, state.token)
+        except BaseException as exc:
+            return _raised(state, "pre-execute hook", exc, state.token)
+        if decision is None or isinstance(decision, Allow):
+            continue
+        if isinstance(decision, Deny):
+            return _denied(state, decision.reason)
+        if isinstance(decision, Ask):
+            first_ask = first_ask or decision
+            continue
+        return _hook_failure(state, "pre-execute hook", f"returned {type(decision).__name__}")
+    return first_ask
+
+
+def _approve(state: CallState, ask: Ask) -> ToolResult[Any] | None:
+    approver = state.hooks.approver
+    if approver is None:
+        return _denied(state, ask.reason)
+    state.at(Stage.APPROVAL)
+    try:
+        approved = approver(state.call, ask.reason, state.token)
+    except INTERRUPTS as exc:
+        state.interrupt(exc)
+        return _aborted(state)
+    except Cancelled as exc:
+        if state.token.cancelled:
+            return _aborted(state)
+        logger.warning("toolreg: the approver raised; denying %s", state.call.call_id, exc_info=exc)
+        approved = False
+    except BaseException as exc:  # an approver that raises refuses (or was cancelled)
+        logger.warning(
+            "toolreg: the approver raised; denying %s", state.call.call_id, exc_info=exc
+        )
+        approved = False
+    return None if approved is True else _denied(state, ask.reason)
+
+
+def _guards(state: CallState) -> ToolResult[Any] | None:
+    state.at(Stage.GUARDS)
+    for guard in state.hooks.guards:
+        try:
+            verdict: object = guard(state.call)
+        except BaseException as exc:
+            return _raised(state, "guard", exc, state.token)
+        if verdict is None:
+            continue
+        if isinstance(verdict, str):
+            return _denied(state, verdict)
+        return _hook_failure(state, "guard", f"returned {type(verdict).__name__}")
+    return None
+
+
+def _denied(state: CallState, reason: object) -> ToolResult[Any]:
+    return _failure(state.call, ErrorCode.DENIED, safe_str(reason))
+
+
+# -- around wrappers ---------------------------------------------------------------------------
+
+
+def _around(host: PipelineHost, state: CallState) -> ToolResult[Any]:
+    dispatch = Dispatch(state.call, state.tool, state.caller, state.token)
+    state.at(Stage.AROUND)
+    state.chain_open = True
+    result = _proceed_from(host, state, dispatch, 0)
+    _close_chain(state)
+    return result
+
+
+def _proceed_from(
+    host: PipelineHost, state: CallState, dispatch: Dispatch, index: int
+) -> ToolResult[Any]:
+    """Run wrapper `index` (or, past the last, the body); never raises."""
+    wrappers = state.hooks.around
+    if index == len(wrappers):
+        return _body(host, state, dispatch.token)
+    proceed = functools.partial(_proceed, host, state, dispatch, index + 1)
+    try:
+        result: object = wrappers[index](dispatch, proceed)
+    except BaseException as exc:
+        return _raised(state, "around wrapper", exc, dispatch.token)
+    problem = _malformed(result)
+    if problem is not None:
+        return _hook_failure(state, "around wrapper", problem)
+    assert isinstance(result, ToolResult)
+    return result
+
+
+def _proceed(
+    host: PipelineHost, state: CallState, dispatch: Dispatch, index: int
+) -> ToolResult[Any]:
+    """What a wrapper calls as `proceed()`: the rest of the chain, joined; never raises."""
+    if threading.get_ident() == state.thread:
+        if not state.chain_open:
+            return _hook_failure(state, "around wrapper", "called proceed() after the call ended")
+        return _proceed_from(host, state, dispatch, index)
+    # On another thread: counted, so the chain's end waits for it (its body is this call's).
+    with PROCEEDS_LOCK:
+        if not state.chain_open:
+            refused = True
+        else:
+            refused = False
+            state.foreign_proceeds += 1
+    if refused:
+        return _hook_failure(state, "around wrapper", "called proceed() after the call ended")
+    try:
+        return _proceed_from(host, state, dispatch, index)
+    finally:
+        with PROCEEDS_LOCK:
+            state.foreign_proceeds -= 1
+            drained = state.drained if state.foreign_proceeds == 0 else None
+        if drained is not None:
+            drained.set()
+
+
+def _close_chain(state: CallState) -> None:
+    """The chain returned: refuse new `proceed()` calls, join those still running elsewhere."""
+    drained = threading.Event()  # allocated outside the lock
+    with PROCEEDS_LOCK:
+        state.chain_open = False
+        if state.foreign_proceeds == 0:
+            return
+        state.drained = drained
+    wait_until(drained.is_set, functools.partial(_wait_event, drained), state.interrupt)
+
+
+def _wait_event(event: threading.Event, timeout: float) -> bool:
+    return event.wait(None if timeout < 0 else timeout)
+
+
+# -- the body ---------------------------------------------------------------------------------
+
+
+def _body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolResult[Any]:
+    state.at(Stage.DISPATCH)
+    token = state.token
+    fused: CancelSource | None = None
+    if wrapper_token is not token:
+        if not isinstance(wrapper_token, CancelToken):
+            return _hook_failure(state, "around wrapper", "left a non-token in dispatch.token")
+        if wrapper_token._descends_from(token):
+            token = wrapper_token  # a deadline below the call's token, say: nothing to fuse
+        else:
+            fused = CancelSource(token, wrapper_token)
+            token = fused.token
+    ctx = ToolContext(state, token, host)
+    state.body = ctx
+    state.at(Stage.BODY)
+    try:
+        refused = run_body(state, ctx, host.submit_for(state), state.interrupt)
+    finally:
+        if fused is not None:
+            fused.close()  # nothing of this body stays linked to the caller's token
+    contexts = ctx._finish()
+    state.mark_body(ctx)
+    if refused is not None:
+        return _failure(state.call, ErrorCode.TOOL_ERROR, refused, contexts)
+    return _body_result(state, ctx, contexts)
+
+
+def _body_result(
+    state: CallState, ctx: ToolContext, contexts: tuple[Any, ...]
+) -> ToolResult[Any]:
+    if not ctx._started:
+        return _aborted(state)
+    state.dispatched = True
+    state.at(Stage.AFTER_BODY)
+    error = ctx._error
+    if error is None:
+        return _success(state, ctx._value, ctx._live_on_return, contexts)
+    if isinstance(error, Cancelled) and ctx.token.cancelled:
+        return _aborted(state, contexts)
+    return _failure(state.call, ErrorCode.TOOL_ERROR, describe(error), contexts, error)
+
+
+def _success(
+    state: CallState, value: Any, live: bool, contexts: tuple[Any, ...]
+) -> ToolResult[Any]:
+    # `live`: the body's token as the body's thread saw it on return. A caller that cancelled
+    # after that is still caught by the recheck after the wrappers.
+    if state.live and not live:
+        return _aborted(state, contexts)
+    call = state.call
+    validator = state.entry.output_validator
+    if validator is not None:
+        try:
+            validator(value)
+        except Exception as exc:
+            problem = str(getattr(exc, "message", None) or describe(exc))
+            message = f"the value does not match the output schema: {problem}"
+            return _failure(call, ErrorCode.TOOL_ERROR, message, contexts)
+    try:
+        content = render_content(value, state.tool.render)
+    except INTERRUPTS as exc:
+        state.interrupt(exc)
+        return _aborted(state, contexts)
+    except BaseException as exc:
+        message = f"cannot render a {type(value).__name__} result: {describe(exc)}"
+        return _failure(call, ErrorCode.TOOL_ERROR, message, contexts, exc)
+    result = make_result(call, True, content, value, None, contexts)
+    hooks = state.hooks
+    if not (hooks.around or hooks.post_execute):
+        state.own_result = result  # nobody else will see it before it is final
+    return result
+
+
+# -- after the wrappers --------------------------------------------------------------------------
+
+
+def _unless_revoked(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
+    """Cancellation that won replaces a success (keeping its contexts); failures stay."""
+    if result.ok and state.revoked():
+        return _aborted(state, tuple(result.contexts))
+    return result
+
+
+def _post_execute(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
+    state.at(Stage.POST_EXECUTE)
+    for hook in state.hooks.post_execute:
+        try:
+            replaced: object = hook(result, state.token)
+        except BaseException as exc:
+            if not _is_cancellation(state, exc, state.token):
+                return _hook_failure(state, "post-execute hook", f"raised {describe(exc)}", exc)
+            return result if not result.ok else _aborted(state, tuple(result.contexts))
+        if replaced is None:
+            continue
+        problem = _malformed(replaced)
+        if problem is not None:
+            return _hook_failure(state, "post-execute hook", problem)
+        assert isinstance(replaced, ToolResult)
+        if replaced.ok and not result.ok:
+            return _hook_failure(state, "post-execute hook", "turned a failure into a success")
+        result = replaced
+    return _unless_revoked(state, result)
+
+
+def _finalize(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
+    """The frozen final result: the registry sets call, dispatched, duration and timeline."""
+    finished = time.monotonic()
+    duration = finished - state.entered
+    timeline = _timeline(state, finished)
+    if result is state.own_result:  # made by the registry in this call, unseen: finish in place
+        finish_result(result, state.dispatched, duration, timeline)
+        return result
+    return make_result(
+        state.call,
+        result.ok,
+        result.content,
+        result.value,
+        result.error,
+        tuple(result.contexts),
+        state.dispatched,
+        duration,
+        timeline,
     )
+
+
+def _timeline(state: CallState, finished: float) -> CallTimeline:
+    entered = state.entered
+    dispatched = state.dispatched_at
+    settled = state.settled_at
+    cancelled = state.first_cancelled_at()
+    return CallTimeline(
+        state.wall,
+        None if dispatched is None else dispatched - entered,
+        None if cancelled is None else max(0.0, cancelled - entered),
+        None if settled is None else settled - entered,
+        finished - entered,
+    )
+
+
+def _notify(state: CallState, result: ToolResult[Any]) -> None:
+    """Each observer sees the final result once; exceptions are logged, never raised."""
+    state.at(Stage.OBSERVERS)
+    for observer in state.hooks.observers:
+        try:
+            observer(result)
+        except INTERRUPTS as exc:
+            state.interrupt(exc)
+        except BaseException:
+            logger.exception("toolreg: result observer %r raised", observer)
+
+
+# -- results -------------------------------------------------------------------------------------
+
+
+def _aborted(state: CallState, contexts: tuple[Any, ...] = _NO_CONTEXTS) -> ToolResult[Any]:
+    if state.dispatched:
+        return _failure(state.call, _ABORTED, "tool call aborted", contexts)
+    return _failure(state.call, _BEFORE, "tool call aborted before dispatch", contexts)
+
+
+def _failure(
+    call: ToolCall,
+    code: ErrorCode,
+    message: str,
+    contexts: tuple[Any, ...] = _NO_CONTEXTS,
+    exception: BaseException | None = None,
+) -> ToolResult[Any]:
+    error = ToolError(code, message, exception)
+    return make_result(call, False, failure_content(code, message), None, error, contexts)
+
+
+def _hook_failure(
+    state: CallState, what: str, problem: str, exc: BaseException | None = None
+) -> ToolResult[Any]:
+    if exc is not None:
+        logger.error("toolreg: %s failed for %s", what, state.call.call_id, exc_info=exc)
+    result = _failure(state.call, ErrorCode.HOOK_ERROR, f"{what} {problem}", _NO_CONTEXTS, exc)
+    state.hook_error = result
+    return result
+
+
+def _raised(
+    state: CallState, what: str, exc: BaseException, token: CancelToken
+) -> ToolResult[Any]:
+    """The result of a hook or wrapper that raised `exc`."""
+    if _is_cancellation(state, exc, token):
+        return _aborted(state)
+    return _hook_failure(state, what, f"raised {describe(exc)}", exc)
+
+
+def _is_cancellation(state: CallState, exc: BaseException, token: CancelToken) -> bool:
+    """A Ctrl-C or SystemExit (the call is cancelled now), or `Cancelled` once cancelled."""
+    if isinstance(exc, INTERRUPTS):
+        state.interrupt(exc)
+        return True
+    return isinstance(exc, Cancelled) and (state.token.cancelled or token.cancelled)
+
+
+def _malformed(result: object) -> str | None:
+    """Why `result` is not a well-formed `ToolResult`, or None if it is."""
+    if not isinstance(result, ToolResult):
+        return f"returned {type(result).__name__}"
+    # Read as plain objects: a wrapper can build a ToolResult with anything in its fields.
+    ok: object = result.ok
+    error: object = result.error
+    content: object = result.content
+    contexts: object = result.contexts
+    if type(ok) is not bool:
+        return "returned a ToolResult whose ok is not a bool"
+    if not isinstance(content, str):
+        return "returned a ToolResult whose content is not a str"
+    if not isinstance(contexts, (tuple, list)):
+        return "returned a ToolResult whose contexts are not a tuple"
+    if ok and error is not None:
+        return "returned a success that carries an error"
+    if not ok:
+        if not isinstance(error, ToolError):
+            return "returned a failure without a ToolError"
+        code: object = error.code
+        message: object = error.message
+        if not isinstance(code, ErrorCode) or not isinstance(message, str):
+            return "returned a failure whose ToolError has no ErrorCode or message"
+    return None
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` for an exception, even one whose `str()` raises."""
+    return f"{type(exc).__name__}: {safe_str(exc)}"
+
+
+def safe_str(value: object) -> str:
+    """`str(value)`, or a placeholder naming its type if that raises."""
+    try:
+        text = str(value)
+    except BaseException:
+        return f"<{type(value).__name__} whose str() raised>"
+    return text if isinstance(text, str) else f"<{type(value).__name__}>"
+
+
+def safe_repr(value: object) -> str:
+    """`repr(value)`, or a placeholder naming its type if that raises."""
+    try:
+        text = repr(value)
+    except BaseException:
+        return f"<{type(value).__name__} whose repr() raised>"
+    return text if isinstance(text, str) else f"<{type(value).__name__}>"

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
+import datetime
 import enum
 import itertools
 import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic
+from typing import Any, Generic, NamedTuple
 
 from typing_extensions import TypeVar
 
-__all__ = ["ErrorCode", "ToolCall", "ToolError", "ToolResult"]
+__all__ = ["CallTimeline", "ErrorCode", "ToolCall", "ToolError", "ToolResult"]
 
 T = TypeVar("T", default=Any)
 
@@ -135,6 +135,30 @@ def failure_content(code: ErrorCode, message: str) -> str:
     return _FAILURE_CONTENT.get(code) or f"Error: {message}"
 
 
+class CallTimeline(NamedTuple):
+    """When the moments of one call happened (frozen).
+
+    `entered` is the wall-clock time of entry (POSIX seconds, UTC; `entered_at` gives it as a
+    `datetime`). The others are seconds after entry (monotonic clock), or None when the moment
+    did not happen: `dispatched` (a body started; the first one, if a wrapper retried),
+    `cancelled` (the token the body observes, or the call's own token, was first cancelled),
+    `settled` (the body returned or raised; the last one), `finished` (the final result was
+    materialized; it equals the result's `duration`). A body still running long after
+    `cancelled` is a call that did not stop when asked.
+    """
+
+    entered: float
+    dispatched: float | None
+    cancelled: float | None
+    settled: float | None
+    finished: float
+
+    @property
+    def entered_at(self) -> datetime.datetime:
+        """`entered` as an aware UTC `datetime`."""
+        return datetime.datetime.fromtimestamp(self.entered, datetime.timezone.utc)
+
+
 @dataclass(frozen=True)
 class ToolResult(Generic[T]):
     """The final outcome of one call (a frozen dataclass).
@@ -142,8 +166,9 @@ class ToolResult(Generic[T]):
     `ok` tells success from failure; `value` is the body's return value (success only, not
     frozen); `content` the model-visible text; `error` a `ToolError` on failure; `contexts` what
     the body deferred with `ctx.defer_context`; `dispatched` whether a body of this call started;
-    `duration` the seconds from entry to result. The registry sets `call`, `dispatched` and
-    `duration` on the final result whatever a hook or wrapper returned.
+    `duration` the seconds from entry to result; `timeline` when each moment of the call
+    happened (a `CallTimeline`). The registry sets `call`, `dispatched`, `duration` and
+    `timeline` on the final result, whatever a hook or wrapper returned.
 
     Hooks and wrappers build results with `ToolResult.success()` / `ToolResult.failure()`, or
     derive one with `dataclasses.replace`.
@@ -157,6 +182,7 @@ class ToolResult(Generic[T]):
     contexts: tuple[Any, ...] = ()
     dispatched: bool = False
     duration: float = 0.0
+    timeline: CallTimeline | None = None
 
     @classmethod
     def success(cls, call: ToolCall, value: T, contexts: tuple[Any, ...] = ()) -> ToolResult[T]:
@@ -190,6 +216,38 @@ class ToolResult(Generic[T]):
         )
 
 
-def replace_result(result: ToolResult[Any], **changes: Any) -> ToolResult[Any]:
-    """`dataclasses.replace` (kept in one place so the hot path can be optimised later)."""
-    return dataclasses.replace(result, **changes)
+_new_object = object.__new__
+
+
+def make_result(
+    call: ToolCall,
+    ok: bool,
+    content: str,
+    value: Any,
+    error: ToolError | None,
+    contexts: tuple[Any, ...],
+    dispatched: bool = False,
+    duration: float = 0.0,
+    timeline: CallTimeline | None = None,
+) -> ToolResult[Any]:
+    """A `ToolResult` without the frozen dataclass's per-field `__setattr__` (the hot path)."""
+    result: ToolResult[Any] = _new_object(ToolResult)
+    result.__dict__.update(
+        call=call,
+        ok=ok,
+        content=content,
+        value=value,
+        error=error,
+        contexts=contexts,
+        dispatched=dispatched,
+        duration=duration,
+        timeline=timeline,
+    )
+    return result
+
+
+def finish_result(
+    result: ToolResult[Any], dispatched: bool, duration: float, timeline: CallTimeline
+) -> None:
+    """Set what the registry owns on a result no user code has seen yet (in place)."""
+    result.__dict__.update(dispatched=dispatched, duration=duration, timeline=timeline)

@@ -6,16 +6,13 @@ import copy
 import logging
 import math
 import re
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, NoReturn
 
 import fastjsonschema
 
-from ._progress import ProgressSink, check_progress
-
-__all__ = ["FrozenDict", "Tool", "ToolContext", "thaw"]
+__all__ = ["FrozenDict", "Tool", "thaw"]
 
 logger = logging.getLogger("toolreg")
 
@@ -283,78 +280,3 @@ def _freeze_sequence(
             raise
     active.discard(marker)
     return tuple(frozen)
-
-
-class ToolContext:
-    """What a running body gets besides its arguments.
-
-    * `call`: the call being executed (frozen arguments).
-    * `token`: the fused caller + wrapper token the body must observe.
-    * `defer_context(item)`: keep `item` in the result's `contexts` (kept through cancellation).
-    * `execute(call_or_name, arguments=None)`: a nested call, run inline on this thread with this
-      call's token as its caller token, so it cannot deadlock on a busy pool; like
-      `start_if_cancelled=False`, it starts no body once this call is cancelled.
-    * `report_progress(progress, total=None, message=None)`: tell the caller how far along the
-      body is (see the method).
-
-    After the body has settled, `defer_context`, `execute` and `report_progress` raise
-    `RuntimeError`.
-    """
-
-    __slots__ = ("_contexts", "_lock", "_nested", "_progress", "_settled", "call", "token")
-
-    def __init__(
-        self,
-        call: Any,
-        token: Any,
-        nested: Callable[[object, Mapping[str, Any] | None, Any], Any],
-        progress: ProgressSink | None = None,
-    ) -> None:
-        self.call = call
-        self.token = token
-        self._nested = nested
-        self._progress = progress
-        self._contexts: list[Any] = []
-        self._settled = False
-        self._lock = threading.Lock()  # guards _contexts and _settled
-
-    def defer_context(self, item: object) -> None:
-        """Keep `item` for the result's `contexts` (in call order)."""
-        with self._lock:
-            if self._settled:
-                raise RuntimeError("defer_context() after the tool body has returned")
-            self._contexts.append(item)
-
-    def execute(self, call_or_name: object, arguments: Mapping[str, Any] | None = None) -> Any:
-        """Run a nested tool call inline, under this call's token; returns its `ToolResult`."""
-        if self._settled:
-            raise RuntimeError("ctx.execute() after the tool body has returned")
-        return self._nested(call_or_name, arguments, self.token)
-
-    def report_progress(
-        self, progress: float, total: float | None = None, message: str | None = None
-    ) -> None:
-        """Report progress to the `progress=` callback of the `execute` that runs this call.
-
-        `progress` and `total` are real numbers (`TypeError` for a bool or a non-number,
-        `ValueError` for NaN or an infinity), `message` a str or None. A value not greater
-        than the last one reported for this call (across retry attempts) is dropped, so the
-        callback only ever sees increasing values. The sync callback runs on this thread; an
-        awaited call's callback is scheduled on its event loop. Progress of a nested call's
-        body is dropped. Raises `RuntimeError` after the body has settled.
-        """
-        check_progress(progress, total, message)
-        if self._settled:
-            raise RuntimeError("report_progress() after the tool body has returned")
-        sink = self._progress
-        if sink is not None:
-            sink.report(self.call, progress, total, message)
-
-    def settle(self) -> tuple[Any, ...]:
-        """Close the context when the body settled; return the deferred items."""
-        with self._lock:
-            self._settled = True
-            return tuple(self._contexts)
-
-    def __repr__(self) -> str:
-        return f"<ToolContext {self.call.name!r} call_id={self.call.call_id!r}>"

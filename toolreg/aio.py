@@ -3,20 +3,20 @@
 `await areg.execute(...)` costs one thread hop: the call's whole pipeline (hooks, approval,
 guards, wrappers, the body, post hooks, observers) runs on one worker of the registry's pool,
 with the body inline on that worker, so nothing runs on the event loop and nothing waits for a
-second worker (no deadlock however many calls are in flight, nested calls included). The result
-comes back through `loop.call_soon_threadsafe`.
+second worker (no deadlock however many calls are in flight, nested calls included). The worker
+hands the result back with one `loop.call_soon_threadsafe` onto a plain loop future: no
+`asyncio.shield`, no extra task, no second token per call.
 
-Cancelling the awaiting task cancels the call's token (never the caller's), waits until the call
-has settled (its body joined, its observers notified), then raises `asyncio.CancelledError`.
-The token is cancelled from the facade's helper thread, never from the loop, because cancelling
-runs every callback registered on the call's token. A call still queued for a worker when its
-task is cancelled is claimed back and never starts (`ABORTED_BEFORE_DISPATCH`, observers
-notified off the loop). The facade never swallows or converts a cancellation, so
-`Task.cancelling()` and `uncancel()` stay balanced and `asyncio.timeout()` /
-`asyncio.wait_for()` around `execute` work. Under anyio
-(Starlette, FastAPI, MCP servers), which re-delivers cancellation at every await in a cancelled
-scope, the wait for settlement runs inside a shielded anyio scope, so it sleeps instead of
-spinning while an uncooperative body drains.
+Cancelling the awaiting task cancels the call's own token (never the caller's), waits until the
+call has settled (its body joined, its observers notified), then raises `asyncio.CancelledError`.
+The token is cancelled from toolreg's helper thread, never from the loop, because cancelling runs
+every callback registered on the call's token. A call still queued for a worker when its task is
+cancelled is claimed back and never starts (`ABORTED_BEFORE_DISPATCH`, observers notified off
+the loop). The facade never swallows or converts a cancellation, so `Task.cancelling()` and
+`uncancel()` stay balanced and `asyncio.timeout()` / `asyncio.wait_for()` around `execute` work.
+Under anyio (Starlette, FastAPI, MCP servers), which re-delivers cancellation at every await in
+a cancelled scope, the wait for settlement runs inside a shielded anyio scope, so it sleeps
+instead of spinning while an uncooperative body drains.
 
 Example::
 
@@ -29,45 +29,50 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import functools
 import logging
-import os
-import queue
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from ._batch import Progress, check_batch
+from ._batch import Progress, check_batch, execute_batch
+from ._body import as_call
+from ._call import CallMode, CallState
 from ._cancel import CancelSource, CancelToken
+from ._claim import Claim
+from ._dispatch import Dispatcher
+from ._helper import HELPER
+from ._pool import WorkerPool
 from ._progress import ProgressSink, ToolProgress
-from ._registry import ToolRegistry, _as_call, _as_token, _check_wait
+from ._registry import as_token, check_wait
 from ._results import ToolCall, ToolResult
+
+if TYPE_CHECKING:
+    from ._registry import ToolRegistry
 
 __all__ = ["AsyncToolRegistry"]
 
 logger = logging.getLogger("toolreg")
-T = TypeVar("T")
 
 
 class AsyncToolRegistry:
     """Async access to a `ToolRegistry`: same arguments, same results, same guarantees.
 
-    A process-wide helper thread, started when `toolreg.aio` is imported, cancels calls and
-    starts pool threads, so the event loop never runs token callbacks or waits for a thread to
-    start. The facade owns a pool for batch schedulers (they wait for body workers, so they
-    must not occupy one). `aclose()` or `async with` closes the registry and that pool.
+    The facade runs awaited calls on the registry's own pool and batch schedulers on a small
+    pool of its own (a scheduler waits for body workers, so it must not occupy one). `aclose()`
+    or `async with` closes the registry (without blocking the loop) and that pool.
     """
 
     def __init__(self, registry: ToolRegistry) -> None:
-        if not isinstance(registry, ToolRegistry):
+        dispatcher = getattr(registry, "_dispatcher", None)
+        if not isinstance(dispatcher, Dispatcher):
             raise TypeError(
                 f"AsyncToolRegistry wraps a ToolRegistry, got {type(registry).__name__}"
             )
         self._registry = registry
-        self._schedulers = ThreadPoolExecutor(thread_name_prefix="toolreg-aio-batch")
+        self._dispatcher = dispatcher
+        self._schedulers: WorkerPool | None = None  # created on the first awaited batch
+        self._lock = threading.Lock()  # guards _schedulers
 
     @property
     def registry(self) -> ToolRegistry:
@@ -92,43 +97,14 @@ class AsyncToolRegistry:
         task is cancelled (default: a string naming the task, e.g. "asyncio task Task-7 was
         cancelled").
         """
-        started = time.monotonic()
         loop = asyncio.get_running_loop()  # before entry: without a loop nothing is counted in
-        call = _as_call(call_or_name, arguments)
-        caller = _as_token(token)
+        call = as_call(call_or_name, arguments)
+        caller = as_token(token)
         sink = _loop_progress(loop, progress)
-        registry = self._registry
-        registry._enter(nested=registry._inside())  # entry is now: close() waits for this call
-        canceller = CancelSource()  # ours: cancels the call, never the caller's token
-        context = contextvars.copy_context()
-
-        def work() -> ToolResult[Any]:
-            return context.run(
-                registry._execute,
-                call,
-                caller,
-                start_if_cancelled,
-                True,
-                started,
-                False,
-                canceller.token,
-                True,
-                progress=sink,
-            )
-
-        def never_started() -> ToolResult[Any]:
-            try:
-                return registry._unstarted(call)
-            finally:
-                registry._leave()
-
-        job = _Job(work, never_started, registry._leave)
-        try:
-            submit = self._body_submit()
-            result: ToolResult[Any] = await self._run(job, canceller, submit, cancel_reason)
-            return result
-        finally:
-            canceller.close()
+        mode = CallMode.awaited(bool(start_if_cancelled))
+        job = _AwaitedCall(self._dispatcher, loop, call, caller, mode, sink)
+        result: ToolResult[Any] = await self._await(job, cancel_reason)
+        return result
 
     async def execute_batch(
         self,
@@ -138,76 +114,18 @@ class AsyncToolRegistry:
         max_parallel: int = 8,
         on_progress: Progress | None = None,
     ) -> list[ToolResult[Any]]:
-        """`ToolRegistry.execute_batch`, awaited; cancelling the task cancels the batch."""
-        registry = self._registry
+        """`ToolRegistry.execute_batch`, awaited; cancelling the task cancels the batch.
+
+        `on_progress(done, total)` runs on the scheduler's thread (not the event loop).
+        """
+        loop = asyncio.get_running_loop()
         batch = check_batch(calls, max_parallel)
-        caller = _as_token(token)
+        caller = as_token(token)
         if on_progress is not None and not callable(on_progress):
             raise TypeError("on_progress must be callable")
-        asyncio.get_running_loop()  # before entry: without a loop nothing is counted in
-        registry._enter(nested=registry._inside())
-        canceller = CancelSource()
-        context = contextvars.copy_context()
-
-        def work() -> list[ToolResult[Any]]:
-            with CancelSource(caller, canceller.token) as turn:
-                return context.run(
-                    registry._execute_batch, batch, turn.token, max_parallel, on_progress
-                )
-
-        def never_started() -> list[ToolResult[Any]]:
-            try:
-                return [registry._unstarted(call) for call in batch]
-            finally:
-                registry._leave()
-
-        job = _Job(work, never_started, registry._leave)
-        # The scheduler waits for body workers, so it runs on a pool of its own.
-        submit = self._via_helper(self._schedulers)
-        try:
-            results: list[ToolResult[Any]] = await self._run(job, canceller, submit, None)
-            return results
-        finally:
-            canceller.close()
-
-    def _body_submit(self) -> Submit:
-        """Where a call's pipeline runs: a body worker, without starting threads on the loop."""
-        if self._registry._inside():
-            # Called from an async body, whose worker waits for it: use a pool it cannot block.
-            return self._via_helper(self._schedulers)
-        executor = self._registry._executor
-        threads = getattr(executor, "_threads", None)
-        if threads is not None and len(threads) >= getattr(executor, "_max_workers", 0):
-            return functools.partial(_hand_over, executor)  # every worker exists: no start
-        return self._via_helper(executor)
-
-    def _via_helper(self, executor: Executor) -> Submit:
-        def submit(job: _Job) -> None:
-            _HELPER.call_soon(lambda: _hand_over(executor, job))
-
-        return submit
-
-    async def _run(
-        self, job: _Job, canceller: CancelSource, submit: Submit, cancel_reason: object
-    ) -> Any:
-        """Run `job` on a thread; on task cancellation cancel it off the loop, wait, re-raise."""
-        loop = asyncio.get_running_loop()
-        settled: asyncio.Future[tuple[bool, Any]] = loop.create_future()
-        job.deliver = lambda outcome: _deliver(loop, settled, outcome)
-        submit(job)
-        try:
-            ok, value = await asyncio.shield(settled)
-        except asyncio.CancelledError:
-            reason = cancel_reason
-            if reason is None:
-                task = asyncio.current_task()
-                reason = f"asyncio task {task.get_name() if task else '?'} was cancelled"
-            job.cancel(canceller, reason)
-            await _wait_settled(settled)
-            raise  # the task's own cancellation, unconverted: cancelling()/uncancel() stay right
-        if ok:
-            return value
-        raise value
+        job = _AwaitedBatch(self._dispatcher, loop, batch, caller, max_parallel, on_progress)
+        results: list[ToolResult[Any]] = await self._await(job, None)
+        return results
 
     async def wait_idle(self, timeout: float | None = None) -> bool:
         """Await until no call of the registry is in flight, without blocking the loop.
@@ -215,13 +133,13 @@ class AsyncToolRegistry:
         The same as `ToolRegistry.wait_idle`: True when idle, False if `timeout` seconds ran
         out first; `RuntimeError` from inside one of the registry's own calls.
         """
-        registry = self._registry
-        if registry._inside():
+        dispatcher = self._dispatcher
+        if dispatcher.inside():
             raise RuntimeError("wait_idle() from inside one of this registry's calls would wait")
-        seconds = None if timeout is None else _check_wait(timeout)
+        seconds = check_wait(timeout)
         loop = asyncio.get_running_loop()
         idle: asyncio.Future[None] = loop.create_future()
-        forget = registry._call_when_idle(lambda: _deliver(loop, idle, None))
+        forget = dispatcher.call_when_idle(lambda: _deliver(loop, idle, None))
         if forget is None:
             return True
         try:
@@ -230,13 +148,66 @@ class AsyncToolRegistry:
         finally:
             forget()
 
+    async def _await(self, job: _Job, cancel_reason: object) -> Any:
+        """Count the job in, hand it to a worker, await it; on cancellation cancel and drain.
+
+        The job counts itself out when its work is done (on the worker, observers included),
+        so a loop that is closed with the call in flight leaves nothing counted in.
+        """
+        dispatcher = self._dispatcher
+        job.key = dispatcher.admit(job, dispatcher.inside())  # entry: close() waits for it
+        try:
+            self._submit(job)
+        except BaseException:
+            dispatcher.untrack(job.key)
+            raise
+        try:
+            ok, value = await job.waiter
+        except asyncio.CancelledError:
+            if job.outcome is None:
+                job.cancel(_reason(cancel_reason))
+                await job.settled()
+            raise  # the task's own cancellation, unconverted: cancelling()/uncancel() hold
+        if ok:
+            return value
+        raise value
+
+    def _submit(self, job: _Job) -> None:
+        """Hand the job to a worker without blocking the loop (no thread starts here)."""
+        dispatcher = self._dispatcher
+        if isinstance(job, _AwaitedBatch):
+            pool = self._scheduler_pool()
+            run: Callable[[], object] = lambda: pool._hand_over(job, may_block=False)  # noqa: E731
+        elif dispatcher.on_body_thread(threading.get_ident()):
+            # From an async body, whose worker waits for it: a pool it cannot block.
+            pool = self._scheduler_pool()
+            run = lambda: pool._hand_over(job, may_block=False)  # noqa: E731
+        elif dispatcher.has_own_pool():
+            run = lambda: dispatcher.hand_over(job, may_block=False)  # noqa: E731
+        else:  # a caller's executor may start a thread in submit(): do it off the loop
+            HELPER.call_soon(lambda: _hand_over_or_refuse(dispatcher, job))
+            return
+        try:
+            run()
+        except RuntimeError as exc:  # the executor was shut down by its owner
+            job.refuse(exc)
+
+    def _scheduler_pool(self) -> WorkerPool:
+        with self._lock:
+            if self._schedulers is None:
+                self._schedulers = WorkerPool(64, "toolreg-aio-batch")
+            return self._schedulers
+
     async def aclose(self) -> None:
         """Close the registry (cancel, drain, shut down) without blocking the loop."""
         await asyncio.to_thread(self._close)
 
     def _close(self) -> None:
         self._registry.close()
-        self._schedulers.shutdown(wait=True)
+        with self._lock:
+            schedulers, self._schedulers = self._schedulers, None
+        if schedulers is not None:
+            schedulers.shutdown(wait=True)
 
     async def __aenter__(self) -> AsyncToolRegistry:
         return self
@@ -248,71 +219,225 @@ class AsyncToolRegistry:
         return f"<AsyncToolRegistry {self._registry!r}>"
 
 
-def _hand_over(executor: Executor, job: _Job) -> None:
-    """Submit the job; an executor that refuses it (shut down) fails the call, never hangs it."""
+def _reason(cancel_reason: object) -> object:
+    if cancel_reason is not None:
+        return cancel_reason
+    task = asyncio.current_task()
+    return f"asyncio task {task.get_name() if task else '?'} was cancelled"
+
+
+def _hand_over_or_refuse(dispatcher: Dispatcher, job: _Job) -> None:
     try:
-        executor.submit(job.run)
+        dispatcher.hand_over(job)
     except BaseException as exc:
         job.refuse(exc)
 
 
-Submit = Callable[["_Job"], None]
+class _Job(Claim):
+    """One awaited call or batch: claimed once, by the worker that runs it or by a canceller.
 
+    Its outcome goes back to the loop through `call_soon_threadsafe` onto `waiter`, a plain
+    loop future; after a cancellation a fresh future is awaited for settlement (on the loop
+    thread, so the swap needs no lock).
+    """
 
-class _Job:
-    """One awaited call or batch: claimed once, by the worker that runs it or by a canceller."""
+    __slots__ = ("_cancel_reason", "_state", "dispatcher", "key", "loop", "outcome", "waiter")
 
-    def __init__(
-        self,
-        work: Callable[[], Any],
-        never_started: Callable[[], Any],
-        abandon: Callable[[], None],
-    ) -> None:
-        self._work = work
-        self._never_started = never_started  # the results if a canceller claims it first
-        self._abandon = abandon  # undo the entry if the executor refuses the job
-        self._claim = threading.Lock()
-        self.deliver: Callable[[tuple[bool, Any]], None] = lambda outcome: None
+    def __init__(self, dispatcher: Dispatcher, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.dispatcher = dispatcher
+        self.loop = loop
+        self.waiter: asyncio.Future[tuple[bool, Any]] = loop.create_future()
+        self.outcome: tuple[bool, Any] | None = None  # set on the loop thread
+        self._cancel_reason: object = _NOT_CANCELLED  # set by the canceller
+        self._state: CallState | None = None  # the running call's state (awaited calls)
+        self.key = 0  # its place in the in-flight table
 
-    def run(self) -> None:
+    def _work(self) -> Any:
+        raise NotImplementedError
+
+    def _never_started(self) -> Any:
+        raise NotImplementedError
+
+    def _cancel_running(self, reason: object) -> None:
+        raise NotImplementedError
+
+    # -- the worker ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
         """On a worker: run the work unless a canceller claimed it; deliver its outcome."""
-        if self._claim.acquire(blocking=False):
+        if self._claim.acquire(False):
             self._finish(self._work)
 
-    def cancel(self, canceller: CancelSource, reason: object) -> None:
-        """On the loop: claim it if no worker took it yet (it never starts), else cancel it.
+    def _drop(self) -> None:
+        if self._claim.acquire(False):
+            HELPER.call_soon(lambda: self._finish(self._never_started))
+
+    def _finish(self, produce: Callable[[], Any]) -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, produce())
+        except BaseException as exc:
+            outcome = (False, exc)
+        finally:
+            self.dispatcher.untrack(self.key)  # in flight until here: observers included
+        _deliver(self.loop, None, outcome, self)
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def cancel(self, reason: object) -> None:
+        """Claim it if no worker took it yet (it never starts), else cancel the running call.
 
         Both the unstarted results (observers) and the token's cancellation (its callbacks) are
         user code, so they run on the helper thread; the claim itself is decided right here.
         """
-        if self._claim.acquire(blocking=False):
-            _HELPER.call_soon(lambda: self._finish(self._never_started))
+        if self._claim.acquire(False):
+            HELPER.call_soon(lambda: self._finish(self._never_started))
         else:
-            _HELPER.call_soon(lambda: canceller.cancel(reason))
+            self._cancel_reason = reason
+            HELPER.call_soon(lambda: self._cancel_running(reason))
 
     def refuse(self, exc: BaseException) -> None:
         """The executor would not take the job (it was shut down): fail the awaiting task."""
-        if self._claim.acquire(blocking=False):
-            self._abandon()
+        if self._claim.acquire(False):
+            self.dispatcher.untrack(self.key)
             refused = RuntimeError(f"the executor refused the call: {exc}")
-            self.deliver((False, refused))
+            _deliver(self.loop, None, (False, refused), self)
 
-    def _finish(self, produce: Callable[[], Any]) -> None:
+    async def settled(self) -> None:
+        """After a cancellation: wait until the outcome is in, without spinning."""
+        if self.outcome is not None:
+            return
+        self.waiter = self.loop.create_future()
+        await _wait_settled(self.waiter)
+
+    def settle(self, outcome: tuple[bool, Any]) -> None:
+        """On the loop: record the outcome and wake whoever awaits it."""
+        self.outcome = outcome
+        waiter = self.waiter
+        if not waiter.done():
+            waiter.set_result(outcome)
+
+
+_NOT_CANCELLED = object()
+
+
+class _AwaitedCall(_Job):
+    __slots__ = ("call", "caller", "context", "mode", "progress")
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        loop: asyncio.AbstractEventLoop,
+        call: ToolCall,
+        caller: CancelToken,
+        mode: CallMode,
+        progress: ProgressSink | None,
+    ) -> None:
+        super().__init__(dispatcher, loop)
+        self.call = call
+        self.caller = caller
+        self.mode = mode
+        self.progress = progress
+        self.context = contextvars.copy_context()  # like asyncio.to_thread
+
+    def _work(self) -> ToolResult[Any]:
+        result, interrupted = self.context.run(
+            self.dispatcher.run, self.call, self.caller, self.mode, self.progress, None, self
+        )
+        if interrupted is not None:  # a hook raised SystemExit/KeyboardInterrupt: as in sync
+            raise interrupted
+        return result
+
+    def watch(self, state: CallState) -> None:
+        """The dispatcher made the call's state: a cancellation that came first applies now."""
+        self._state = state
+        reason = self._cancel_reason
+        if reason is not _NOT_CANCELLED:
+            state.cancel(reason)
+
+    def _cancel_running(self, reason: object) -> None:
+        state = self._state
+        if state is not None:
+            state.cancel(reason)
+
+    def _never_started(self) -> ToolResult[Any]:
+        result, _ = self.dispatcher.unstarted(self.call)
+        return result
+
+
+class _AwaitedBatch(_Job):
+    __slots__ = ("batch", "caller", "context", "max_parallel", "on_progress", "turn")
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        loop: asyncio.AbstractEventLoop,
+        batch: list[ToolCall],
+        caller: CancelToken,
+        max_parallel: int,
+        on_progress: Progress | None,
+    ) -> None:
+        super().__init__(dispatcher, loop)
+        self.batch = batch
+        self.caller = caller
+        self.max_parallel = max_parallel
+        self.on_progress = on_progress
+        self.turn = CancelSource(caller)  # the awaiting task's cancellation cancels the batch
+        self.context = contextvars.copy_context()
+
+    def _work(self) -> list[ToolResult[Any]]:
         try:
-            outcome = (True, produce())
-        except BaseException as exc:
-            outcome = (False, exc)
-        self.deliver(outcome)
+            return self.context.run(
+                execute_batch,
+                self.dispatcher,
+                self.batch,
+                self.turn.token,
+                self.max_parallel,
+                self.on_progress,
+            )
+        finally:
+            self.turn.close()
+
+    def _cancel_running(self, reason: object) -> None:
+        self.turn.cancel(reason)
+
+    def _never_started(self) -> list[ToolResult[Any]]:
+        self.turn.close()
+        return [self.dispatcher.unstarted(call)[0] for call in self.batch]
 
 
-def _deliver(loop: asyncio.AbstractEventLoop, settled: asyncio.Future[T], outcome: T) -> None:
+def _deliver(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any] | None,
+    outcome: Any,
+    job: _Job | None = None,
+) -> None:
     with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
-        loop.call_soon_threadsafe(_settle, settled, outcome)
+        if job is not None:
+            loop.call_soon_threadsafe(job.settle, outcome)
+        elif future is not None:
+            loop.call_soon_threadsafe(_settle, future, outcome)
 
 
-def _settle(settled: asyncio.Future[T], outcome: T) -> None:
-    if not settled.done():
-        settled.set_result(outcome)
+def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
+    if not future.done():
+        future.set_result(outcome)
+
+
+async def _wait_settled(settled: asyncio.Future[Any]) -> None:
+    """Wait for a cancelled call to settle, absorbing repeated cancellation without spinning."""
+    anyio = sys.modules.get("anyio")
+    while not settled.done():
+        try:
+            if anyio is not None:
+                # anyio re-cancels the task at every await of a cancelled scope; a shielded
+                # scope stops that, so this sleeps until the call settles.
+                with anyio.CancelScope(shield=True):
+                    await asyncio.shield(settled)
+            else:
+                await asyncio.shield(settled)
+        except asyncio.CancelledError:
+            continue  # cancelled again (asyncio): keep waiting; the first one is re-raised
 
 
 def _loop_progress(
@@ -336,51 +461,3 @@ def _report_progress(progress: Callable[[ToolProgress], object], update: ToolPro
         progress(update)
     except Exception:
         logger.exception("toolreg: progress callback %r raised", progress)
-
-
-async def _wait_settled(settled: asyncio.Future[Any]) -> None:
-    """Wait for a cancelled call to settle, absorbing repeated cancellation without spinning."""
-    anyio = sys.modules.get("anyio")
-    while not settled.done():
-        try:
-            if anyio is not None:
-                # anyio re-cancels the task at every await of a cancelled scope; a shielded
-                # scope stops that, so this sleeps until the call settles.
-                with anyio.CancelScope(shield=True):
-                    await asyncio.shield(settled)
-            else:
-                await asyncio.shield(settled)
-        except asyncio.CancelledError:
-            continue  # cancelled again (asyncio): keep waiting; the first one is re-raised
-
-
-class _Helper:
-    """The process-wide helper thread: runs small jobs handed over from event loops, in order.
-
-    A daemon started at import (imports happen before loops run), so no loop ever waits for it
-    to start; after `fork()` the child starts a new one on first use.
-    """
-
-    def __init__(self) -> None:
-        self._start()
-        os.register_at_fork(after_in_child=self._start)
-
-    def _start(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="toolreg-aio-helper", daemon=True)
-        self._thread.start()
-
-    def call_soon(self, job: Callable[[], object]) -> None:
-        """Run `job()` on the helper thread; never blocks."""
-        self._jobs.put(job)
-
-    def _serve(self) -> None:
-        while True:
-            job = self._jobs.get()
-            try:
-                job()
-            except BaseException:  # the helper must survive anything a job does
-                logger.exception("toolreg: an asyncio facade job raised")
-
-
-_HELPER = _Helper()

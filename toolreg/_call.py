@@ -1,0 +1,274 @@
+"""The state of one call, as data: how it was entered (`CallMode`), where it is (`Stage`), and
+everything its stages share (`CallState`).
+
+Nothing here runs a stage (that is `_pipeline`) or owns a thread (that is `_dispatch`). Each field
+of `CallState` says who writes it, on which thread, and when; a field written by a worker is
+read by the stage thread only after the join (a lock release and acquire order them).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._cancel import CancelSource, CancelToken
+
+if TYPE_CHECKING:
+    from ._body import ToolContext
+    from ._catalog import CatalogEntry
+    from ._hooks import HookSet
+    from ._progress import ProgressSink
+    from ._results import ToolCall, ToolResult
+    from ._tools import Tool
+
+__all__ = ["CallMode", "CallState", "Stage"]
+
+_logger = logging.getLogger("toolreg")
+
+
+class Stage(str, enum.Enum):
+    """Where a call is; members compare equal to their values (`Stage.BODY == "body"`)."""
+
+    ENTRY = "entry"
+    PRE_EXECUTE = "pre_execute"
+    APPROVAL = "approval"
+    GUARDS = "guards"
+    AROUND = "around"
+    DISPATCH = "dispatch"
+    BODY = "body"
+    AFTER_BODY = "after_body"
+    POST_EXECUTE = "post_execute"
+    OBSERVERS = "observers"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class CallMode:
+    """How a call was entered. Use the named constructors; instances are shared constants.
+
+    * `start_if_cancelled`: a caller token cancelled at entry still reaches the body (the
+      direct-call contract); False for model-driven entries, which start nothing then.
+    * `inline`: the body runs on the thread running the stages, not on a pool worker (that
+      thread is already a worker dedicated to this call, or to its parent).
+    * `admit_while_closing`: entered from inside a call that is in flight, so `close()` in
+      progress must not refuse it (it is cancelled instead).
+    """
+
+    name: str
+    start_if_cancelled: bool
+    inline: bool
+    admit_while_closing: bool
+
+    @staticmethod
+    def direct(start_if_cancelled: bool = True) -> CallMode:
+        """`registry.execute(...)`."""
+        return _DIRECT if start_if_cancelled else _DIRECT_MODEL
+
+    @staticmethod
+    def nested() -> CallMode:
+        """`ctx.execute(...)`: inline, under the parent call's token, model-driven."""
+        return _NESTED
+
+    @staticmethod
+    def batch_item() -> CallMode:
+        """One call of `execute_batch`: inline on a batch runner, model-driven."""
+        return _BATCH_ITEM
+
+    @staticmethod
+    def awaited(start_if_cancelled: bool = True) -> CallMode:
+        """`await areg.execute(...)`: the whole call inline on one worker."""
+        return _AWAITED if start_if_cancelled else _AWAITED_MODEL
+
+    def __repr__(self) -> str:
+        return f"CallMode.{self.name}"
+
+
+_DIRECT = CallMode("direct(True)", True, False, False)
+_DIRECT_MODEL = CallMode("direct(False)", False, False, False)
+_NESTED = CallMode("nested()", False, True, True)
+_BATCH_ITEM = CallMode("batch_item()", False, True, True)
+_AWAITED = CallMode("awaited(True)", True, True, True)
+_AWAITED_MODEL = CallMode("awaited(False)", False, True, True)
+
+
+class CallState:
+    """Everything the stages of one call share; one object per call.
+
+    Written at entry by the thread that runs the stages (the *stage thread*: the caller for
+    `execute`, a worker for batch items and awaited calls) unless a field says otherwise.
+    """
+
+    __slots__ = (
+        "body",
+        "body_cancelled_at",
+        "call",
+        "caller",
+        "chain_open",
+        "debug",
+        "dispatched",
+        "dispatched_at",
+        "drained",
+        "entered",
+        "entry",
+        "foreign_proceeds",
+        "hook_error",
+        "hooks",
+        "inline",
+        "interrupted",
+        "live",
+        "mode",
+        "own_result",
+        "progress",
+        "settled_at",
+        "source",
+        "stage",
+        "thread",
+        "token",
+        "tool",
+        "wall",
+    )
+
+    def __init__(
+        self,
+        call: ToolCall,
+        hooks: HookSet,
+        caller: CancelToken,
+        mode: CallMode,
+        entered: float,
+        inline: bool,
+        progress: ProgressSink | None,
+    ) -> None:
+        #: The call: as given until the entry checks passed (`admit`), then as executed, with
+        #: frozen arguments.
+        self.call = call
+        #: The catalog entry of the tool (validators, `async def` or not) and the tool itself;
+        #: None until the entry checks passed (no stage runs before `admit`).
+        self.entry: CatalogEntry = None  # type: ignore[assignment]
+        self.tool: Tool = None  # type: ignore[assignment]
+        #: The hooks registered at entry: they serve the whole call.
+        self.hooks = hooks
+        #: The caller's token, captured at entry, outside anything a wrapper can reach.
+        self.caller = caller
+        #: Whether `caller` was live at entry, read once: it decides every recheck.
+        self.live = not caller.cancelled
+        #: How the call was entered.
+        self.mode = mode
+        #: The call's own source: a lazy child of `caller`; `close()`, Ctrl-C and the asyncio
+        #: facade cancel it (from any thread, through `cancel`). `token` is its token.
+        self.source = CancelSource(caller)
+        self.token = self.source.token
+        #: Entry time: `time.monotonic()`, and the wall clock (`time.time()`) read with it.
+        self.entered = entered
+        self.wall = time.time()
+        #: The stage thread's ident, and whether bodies run on it (`mode.inline`, or it is a
+        #: worker already running a body of this registry).
+        self.thread = threading.get_ident()
+        self.inline = inline
+        #: The stage the call is in (read by `in_flight()` from any thread); `at()` moves it.
+        self.stage = Stage.ENTRY
+        self.debug = _logger.isEnabledFor(logging.DEBUG)  # one cheap check per call
+        #: A body of this call has started. Set by the stage thread after the join.
+        self.dispatched = False
+        #: The timeline (monotonic): the first body start, the last body settle, and when the
+        #: token the last body observed was cancelled. Set by the stage thread after each join.
+        self.dispatched_at: float | None = None
+        self.settled_at: float | None = None
+        self.body_cancelled_at: float | None = None
+        #: The latest body run (a retrying wrapper makes several). Set by the stage thread;
+        #: `cancel` reads it from any thread.
+        self.body: ToolContext | None = None
+        #: A Ctrl-C (or other asynchronous exception) that landed in the call: re-raised once
+        #: the call is complete. Set by the stage thread.
+        self.interrupted: BaseException | None = None
+        #: The registry-made `HOOK_ERROR` result, if any (it skips post hooks).
+        self.hook_error: ToolResult[Any] | None = None
+        #: A result the registry built and no user code has seen: finished in place.
+        self.own_result: ToolResult[Any] | None = None
+        #: The caller's `progress=` sink (direct and awaited calls only).
+        self.progress = progress
+        #: The around chain: open while the outermost wrapper runs; `foreign_proceeds` counts
+        #: `proceed()` calls running on other threads, and `drained` is set when the last one
+        #: leaves after the chain closed. Guarded by `_pipeline.PROCEEDS_LOCK`.
+        self.chain_open = False
+        self.foreign_proceeds = 0
+        self.drained: threading.Event | None = None
+
+    def at(self, stage: Stage) -> None:
+        """Enter a stage (shown by `in_flight()`; logged at DEBUG when enabled)."""
+        self.stage = stage
+        if self.debug:
+            _logger.debug(
+                "toolreg: %s %s: %s (token %s)",
+                self.call.name,
+                self.call.call_id,
+                stage.value,
+                "cancelled" if self.token.cancelled else "live",
+            )
+
+    def admit(self, call: ToolCall, entry: CatalogEntry) -> None:
+        """The entry checks passed: the frozen call and its catalog entry."""
+        self.call = call
+        self.entry = entry
+        self.tool = entry.tool
+
+    def cancel(self, reason: object) -> None:
+        """Cancel the call (never the caller): its token, and a body still waiting to start.
+
+        Safe from any thread; used by `close()`, by an interrupt, and by the asyncio facade.
+        """
+        self.source.cancel(reason)
+        body = self.body
+        if body is not None:
+            body._cancelled()
+
+    def interrupt(self, exc: BaseException) -> None:
+        """A Ctrl-C (or another exception a signal handler raised) landed in the call.
+
+        The call's own token is cancelled (never the caller's); the first exception is kept
+        and re-raised once the call is complete.
+        """
+        if self.interrupted is None:
+            self.interrupted = exc
+        self.source.cancel(type(exc).__name__)
+
+    def mark_body(self, body: ToolContext) -> None:
+        """After a join: the body's moments, for the timeline."""
+        if body._started:
+            if self.dispatched_at is None:
+                self.dispatched_at = body._dispatched_at
+            self.settled_at = body._settled_at
+        token = body.token
+        if token is not self.token and token.cancelled:
+            self.body_cancelled_at = token._cancelled_at
+
+    def first_cancelled_at(self) -> float | None:
+        """When the call's token, or the token its body observed, was first cancelled."""
+        own = self.cancelled_at()
+        body = self.body_cancelled_at
+        if own is None or (body is not None and body < own):
+            return body
+        return own
+
+    def revoked(self) -> bool:
+        """A token live at entry has been cancelled since (the rechecks)."""
+        return self.live and self.token.cancelled
+
+    def cancelled_at(self) -> float | None:
+        """When the call's token was cancelled (monotonic seconds), or None while live."""
+        token = self.token
+        return token._cancelled_at if token.cancelled else None
+
+    def body_started(self) -> bool:
+        """Whether a body of this call has started (it may still be running)."""
+        body = self.body
+        return self.dispatched or (body is not None and body._started)
+
+    def __repr__(self) -> str:
+        return f"<CallState {self.call.name!r} call_id={self.call.call_id!r} stage={self.stage}>"
+

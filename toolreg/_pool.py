@@ -1,0 +1,343 @@
+"""`WorkerPool`: the thread pool tool bodies run on; one hand-off costs two thread wake-ups.
+
+A `concurrent.futures.ThreadPoolExecutor` hands work over through one shared queue: every
+hand-off may wake a second idle worker, and the caller's wait goes through a `Future`, a
+`Condition` and an idle semaphore (about four wake-ups and a dozen Python-level lock operations
+per round trip). Here each idle worker sleeps on a lock of its own, idle workers are taken last
+in, first out (the most recently active one is the likeliest to be warm), and the registry hands
+over its own per-call object as the work item, so a round trip is exactly two wake-ups: the
+caller wakes one worker, the worker wakes the caller.
+
+Work items are objects with two methods: `_run()`, called once on a worker (it must not raise;
+the pool logs it if it does), and `_drop()`, called instead if the pool discards the item
+(`shutdown(cancel_futures=True)`), so that whoever waits for it learns at once that it will
+never run. `submit()` wraps a plain callable in such an item with a `Future`, so the pool is a
+real `Executor` for anyone.
+
+Lifecycle: threads are started on demand, up to `max_workers`, and are daemons: an idle pool
+never keeps the interpreter alive (the registry cancels and joins calls still in flight at
+exit). `shutdown()` stops them; after `fork()` the child's pool forgets the parent's threads and
+starts fresh ones on demand. An idle worker wakes on its own every `_IDLE_CHECK` seconds to
+recover from a hand-off that a signal handler interrupted halfway.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import itertools
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any, Protocol, TypeVar
+
+from ._helper import HELPER
+
+__all__ = ["WorkerPool"]
+
+logger = logging.getLogger("toolreg")
+
+T = TypeVar("T")
+
+_IDLE_CHECK = 30.0  # seconds an idle worker sleeps before it re-checks its own slot
+_pool_numbers = itertools.count(1)  # thread names of pools without a prefix; next() is atomic
+
+
+class WorkItem(Protocol):
+    """What the pool runs: `_run()` once on a worker, or `_drop()` if it never will."""
+
+    def _run(self) -> None: ...
+
+    def _drop(self) -> None: ...
+
+
+class _Worker:
+    """One worker thread's slot: the item handed to it, and the lock it sleeps on."""
+
+    __slots__ = ("item", "thread", "wake")
+
+    def __init__(self, item: WorkItem | None) -> None:
+        self.item = item  # written under the pool lock by whoever hands it work
+        self.wake = threading.Lock()  # held while the worker sleeps; released to wake it
+        self.wake.acquire()
+        self.thread: threading.Thread | None = None
+
+
+class WorkerPool(Executor):
+    """A thread pool whose idle workers each sleep on their own lock, taken LIFO.
+
+    The default executor of `ToolRegistry`, and a real `concurrent.futures.Executor`:
+    `submit(fn, *args, **kwargs)` returns a `Future`, `map` and `with` work, and
+    `shutdown(wait=True, cancel_futures=False)` stops the workers (work already queued still
+    runs unless `cancel_futures=True`). Thread-safe. Workers are daemon threads named
+    `<thread_name_prefix>-<n>`, started on demand up to `max_workers`.
+
+    Example::
+
+        with WorkerPool(max_workers=4) as pool:
+            pool.submit(pow, 2, 10).result()      # 1024
+    """
+
+    def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "") -> None:
+        if max_workers is None:
+            max_workers = min(32, (os.cpu_count() or 1) + 4)
+        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
+            raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
+        if not isinstance(thread_name_prefix, str):
+            raise TypeError("thread_name_prefix must be a str")
+        self._max = max_workers
+        self._prefix = thread_name_prefix or f"toolreg-pool-{next(_pool_numbers)}"
+        self._names = itertools.count(1)
+        # Guards _idle, _backlog, _count and _shutdown. Held only for list and deque operations
+        # and for waking a worker: never while work runs.
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []  # sleeping workers; the last one is taken first
+        self._backlog: collections.deque[WorkItem] = collections.deque()  # every worker busy
+        self._count = 0  # workers started (or being started), alive or not yet exited
+        self._shutdown = False
+        self._threads: dict[int, _Worker] = {}  # thread ident -> its slot, for `_is_worker`
+        self._ref = weakref.ref(self, functools.partial(_wake_all, self._idle))
+        _POOLS.add(self)
+
+    @property
+    def max_workers(self) -> int:
+        """The most threads this pool runs at once."""
+        return self._max
+
+    # -- handing work over -------------------------------------------------------------------
+
+    def _hand_over(self, item: WorkItem, *, may_block: bool = True) -> bool:
+        """Give `item` to a worker; True if one took it at once, False if it waits its turn.
+
+        `may_block=False` (an event loop thread): a new thread, if one is needed, is started
+        by toolreg's helper thread, because `Thread.start()` blocks until the thread runs.
+        Raises `RuntimeError` after `shutdown()`.
+        """
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot hand work to a WorkerPool after shutdown()")
+            if self._idle:
+                worker = self._idle.pop()
+                worker.item = item
+                worker.wake.release()  # under the lock: the slot and the wake-up go together
+                return True
+            if self._count >= self._max:
+                self._backlog.append(item)
+                return False
+            self._count += 1
+            worker = _Worker(item)
+        self._start(worker, may_block)
+        return True
+
+    def _start(self, worker: _Worker, may_block: bool) -> None:
+        name = f"{self._prefix}-{next(self._names)}"
+        args = (self._ref, self._threads, worker)
+        thread = threading.Thread(target=_serve, args=args, name=name, daemon=True)
+        worker.thread = thread
+        if may_block:
+            try:
+                thread.start()
+            except BaseException:
+                self._lost(worker)
+                raise
+        else:
+            HELPER.call_soon(lambda: self._start_later(worker, thread))
+
+    def _start_later(self, worker: _Worker, thread: threading.Thread) -> None:
+        try:
+            thread.start()
+        except BaseException:
+            self._lost(worker)
+            raise
+
+    def _lost(self, worker: _Worker) -> None:
+        """A worker whose thread could not start: its item waits for the others."""
+        with self._lock:
+            self._count -= 1
+            item = worker.item
+            worker.item = None
+            if item is not None:
+                self._backlog.appendleft(item)
+        logger.error("toolreg: %s could not start a worker thread", self._prefix)
+
+    def _is_worker(self, ident: int) -> bool:
+        """Whether the thread `ident` is one of this pool's workers (so it is running an item)."""
+        return ident in self._threads
+
+    # -- the workers -------------------------------------------------------------------------
+    #
+    # A worker holds its pool only while it runs an item or looks for the next one, never while
+    # it sleeps: a pool nobody references any more is collected, and its sleeping workers are
+    # woken to exit (`_wake_all`), as ThreadPoolExecutor's are.
+
+    def _next(self, worker: _Worker) -> WorkItem | _Sleep | None:
+        """The worker's next item: from the backlog, or None to exit, or `SLEEP` (it is idle)."""
+        with self._lock:
+            if self._backlog:
+                return self._backlog.popleft()
+            if self._shutdown:
+                self._count -= 1
+                return None
+            self._idle.append(worker)
+            return SLEEP
+
+    def _woken(self, worker: _Worker, woke: bool) -> WorkItem | _Sleep | None:
+        """After a sleep: the item handed over, None to exit, or `SLEEP` again."""
+        with self._lock:
+            item = worker.item
+            if item is not None:
+                worker.item = None
+                return item
+            if self._shutdown:
+                if worker in self._idle:
+                    self._idle.remove(worker)
+                self._count -= 1
+                return None
+            if worker not in self._idle:  # popped without an item: put back (see module doc)
+                self._idle.append(worker)
+            return SLEEP
+
+    # -- Executor --------------------------------------------------------------------------------
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        """Run `fn(*args, **kwargs)` on a worker; its `Future`."""
+        future: Future[T] = Future()
+        self._hand_over(_FutureItem(future, fn, args, kwargs))
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop accepting work; stop the workers once the queued work ran (or was dropped).
+
+        `cancel_futures=True` drops the queued items (their waiters learn at once that they
+        will never run). `wait=True` joins the workers. Idempotent.
+        """
+        with self._lock:
+            self._shutdown = True
+            dropped = list(self._backlog) if cancel_futures else []
+            if cancel_futures:
+                self._backlog.clear()
+            idle = list(self._idle)
+            self._idle.clear()
+            for worker in idle:
+                worker.wake.release()
+            threads = [w.thread for w in self._threads.values()] + [w.thread for w in idle]
+        for item in dropped:
+            try:
+                item._drop()
+            except BaseException:
+                logger.exception("toolreg: dropping a work item raised")
+        if wait:
+            me = threading.current_thread()
+            for thread in {t for t in threads if t is not None and t is not me}:
+                if thread.is_alive() or thread.ident is None:
+                    thread.join()
+
+    def _after_fork_in_child(self) -> None:
+        # The parent's workers did not survive the fork (except this thread, if it is one: it
+        # finishes its item and carries on as a worker). Queued items belong to the parent.
+        me = threading.get_ident()
+        mine = self._threads.get(me)
+        self._lock = threading.Lock()
+        self._idle.clear()
+        self._backlog = collections.deque()
+        self._threads = {me: mine} if mine is not None else {}
+        self._count = 1 if mine is not None else 0
+
+    def __repr__(self) -> str:
+        state = "shut down" if self._shutdown else "open"
+        return (
+            f"<WorkerPool {state} max_workers={self._max} threads={self._count} "
+            f"idle={len(self._idle)} queued={len(self._backlog)}>"
+        )
+
+
+class _Sleep:
+    """What `_next` returns to a worker that has just gone idle."""
+
+
+SLEEP = _Sleep()
+
+
+def _serve(pool_ref: weakref.ref[WorkerPool], threads: dict[int, _Worker], worker: _Worker) -> None:
+    """A worker thread: run items; sleep on the worker's own lock between them."""
+    ident = threading.get_ident()
+    threads[ident] = worker
+    try:
+        item: WorkItem | _Sleep | None = worker.item
+        worker.item = None
+        while True:
+            if isinstance(item, _Sleep):
+                woke = worker.wake.acquire(timeout=_IDLE_CHECK)
+                pool = pool_ref()
+                if pool is None:
+                    return  # the pool was collected while this worker slept
+                item = pool._woken(worker, woke)
+                del pool
+                continue
+            if item is None:
+                return
+            try:
+                item._run()
+            except BaseException:  # a work item must not raise; the worker lives on
+                logger.exception("toolreg: a work item raised on %s", threading.current_thread())
+            item = None  # dropped before sleeping: it may hold a whole call's state
+            pool = pool_ref()
+            if pool is None:
+                return
+            item = pool._next(worker)
+            del pool  # never held while sleeping
+    finally:
+        threads.pop(ident, None)
+
+
+def _wake_all(idle: list[_Worker], _ref: object) -> None:
+    """The pool was collected: wake its sleeping workers, which then see it gone and exit.
+
+    A weakref callback, so it may run inside any allocation: it takes no lock (releasing a
+    worker's wake lock never blocks), and nobody else can touch a dead pool's idle list.
+    """
+    for worker in list(idle):
+        with contextlib.suppress(RuntimeError):  # woken already
+            worker.wake.release()
+
+
+class _FutureItem:
+    """A plain callable as a work item, completing a `Future`."""
+
+    __slots__ = ("args", "fn", "future", "kwargs")
+
+    def __init__(
+        self, future: Future[Any], fn: Callable[..., Any], args: Any, kwargs: Any
+    ) -> None:
+        self.future = future
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+
+    def _run(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.fn(*self.args, **self.kwargs)
+        except BaseException as exc:
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
+
+    def _drop(self) -> None:
+        self.future.cancel()
+
+
+_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+def _reset_pools_in_child() -> None:
+    for pool in list(_POOLS):
+        pool._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_reset_pools_in_child)
