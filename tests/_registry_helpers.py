@@ -1,4 +1,5 @@
-"""Shared helpers for the registry tests: handshakes, recorders, callers on their own threads.
+"""Shared helpers for the registry tests: handshakes, recorders, callers on their own threads,
+and the small tools many test files register.
 
 Threads are ordered only with `Event`s (`Gate`, `Caller`). Every wait is bounded by `WAIT`, a
 limit a correct implementation never comes near: it turns a hang into a failure with a message.
@@ -15,12 +16,42 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from toolreg import ErrorCode, ToolRegistry, ToolResult
+from toolreg import ErrorCode, ToolContext, ToolRegistry, ToolResult
 
 WAIT = 10.0  # seconds any handshake may take before the test fails
 
 ABORTED = ErrorCode.ABORTED
 BEFORE = ErrorCode.ABORTED_BEFORE_DISPATCH
+
+Args = Any  # what a tool body receives as `args` (a read-only mapping)
+Proceed = Callable[[], ToolResult[Any]]  # an around wrapper's `proceed`
+
+SEARCH_SCHEMA = {
+    "type": "object",
+    "properties": {"q": {"type": "string"}, "limit": {"type": "integer"}},
+    "required": ["q"],
+}
+
+
+def echo(args: Args, ctx: ToolContext) -> Any:
+    """Return the arguments as a plain dict."""
+    return dict(args)
+
+
+def counting_tool(registry: ToolRegistry, name: str = "work") -> list[str]:
+    """Register a tool returning "ran"; the list it returns collects the call id of each start."""
+    starts: list[str] = []
+
+    def body(args: Args, ctx: ToolContext) -> str:
+        starts.append(ctx.call.call_id)
+        return "ran"
+
+    registry.tool(name=name)(body)
+    return starts
+
+
+class Opaque:
+    """A value that is neither JSON nor anything the registry knows how to render."""
 
 
 class Gate:
