@@ -16,7 +16,6 @@ import os
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +53,18 @@ def lines_of(path: Path) -> list[Any]:
 
 
 @pytest.fixture
-def registry() -> Iterator[ToolRegistry]:
-    with ToolRegistry(max_workers=4) as registry:
+def echo_boom_registry(registry: ToolRegistry) -> ToolRegistry:
+    """The shared `registry` with two tools: `echo` returns its arguments, `boom` raises."""
 
-        @registry.tool
-        def echo(args: Any, ctx: Any) -> Any:
-            return dict(args)
+    @registry.tool
+    def echo(args: Any, ctx: Any) -> Any:
+        return dict(args)
 
-        @registry.tool
-        def boom(args: Any, ctx: Any) -> Any:
-            raise ValueError("boom")
+    @registry.tool
+    def boom(args: Any, ctx: Any) -> Any:
+        raise ValueError("boom")
 
-        yield registry
+    return registry
 
 
 class EmitGate:
@@ -95,14 +94,14 @@ class EmitGate:
 
 
 def test_each_final_result_is_one_line_with_the_contract_fields(
-    tmp_path: Path, registry: ToolRegistry
+    tmp_path: Path, echo_boom_registry: ToolRegistry
 ) -> None:
     path = tmp_path / "calls.jsonl"
     with ResultLog(path) as log:
-        registry.on_result(log)
-        ok = registry.execute("echo", {"q": "x"})
-        failed = registry.execute("boom", {})
-        unknown = registry.execute("nope", None)
+        echo_boom_registry.on_result(log)
+        ok = echo_boom_registry.execute("echo", {"q": "x"})
+        failed = echo_boom_registry.execute("boom", {})
+        unknown = echo_boom_registry.execute("nope", None)
     assert not unknown.ok
     first, second, third = lines_of(path)
     assert first["call_id"] == ok.call.call_id
@@ -122,26 +121,26 @@ def test_each_final_result_is_one_line_with_the_contract_fields(
 
 
 def test_the_line_is_written_on_the_joining_thread(
-    tmp_path: Path, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, echo_boom_registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gate = EmitGate(monkeypatch)
     gate.release()
     with ResultLog(tmp_path / "calls.jsonl") as log:
-        registry.on_result(log)
-        registry.execute("echo", {})
+        echo_boom_registry.on_result(log)
+        echo_boom_registry.execute("echo", {})
     assert gate.threads == [threading.current_thread().name]
 
 
 def test_redact_replaces_what_is_logged_as_arguments(
-    tmp_path: Path, registry: ToolRegistry
+    tmp_path: Path, echo_boom_registry: ToolRegistry
 ) -> None:
     def redact(arguments: Any) -> Any:
         return {key: "***" if key == "password" else value for key, value in arguments.items()}
 
     path = tmp_path / "calls.jsonl"
     with ResultLog(path, redact=redact) as log:
-        registry.on_result(log)
-        result = registry.execute("echo", {"user": "ann", "password": "hunter2"})
+        echo_boom_registry.on_result(log)
+        result = echo_boom_registry.execute("echo", {"user": "ann", "password": "hunter2"})
     assert result.value == {"user": "ann", "password": "hunter2"}  # the call itself is untouched
     [line] = lines_of(path)
     assert line["arguments"] == {"user": "ann", "password": "***"}
@@ -149,15 +148,15 @@ def test_redact_replaces_what_is_logged_as_arguments(
 
 
 def test_a_raising_redact_writes_a_marker_and_is_reported_once_without_the_secret(
-    tmp_path: Path, registry: ToolRegistry, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, echo_boom_registry: ToolRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
     def redact(arguments: Any) -> Any:
         raise KeyError(arguments["password"])
 
     path = tmp_path / "calls.jsonl"
     with caplog.at_level(logging.ERROR, logger="toolreg"), ResultLog(path, redact=redact) as log:
-        registry.on_result(log)
-        results = [registry.execute("echo", {"password": "hunter2"}) for _ in range(3)]
+        echo_boom_registry.on_result(log)
+        results = [echo_boom_registry.execute("echo", {"password": "hunter2"}) for _ in range(3)]
     assert all(result.ok for result in results)
     assert [line["arguments"] for line in lines_of(path)] == [REDACTION_FAILED] * 3
     reports = [r for r in caplog.records if r.name == "toolreg" and "redact" in r.getMessage()]
@@ -218,15 +217,15 @@ def test_values_that_are_not_json_are_written_with_a_fallback(tmp_path: Path) ->
 def test_a_full_disk_never_fails_the_call_and_is_reported_once(
     no_leaked_threads_or_fds: None,
     tmp_path: Path,
-    registry: ToolRegistry,
+    echo_boom_registry: ToolRegistry,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     path = tmp_path / "calls.jsonl"
     path.symlink_to("/dev/full")  # every write: ENOSPC, a real disk-full error
     log = ResultLog(path, max_bytes=0)
-    registry.on_result(log)
+    echo_boom_registry.on_result(log)
     with caplog.at_level(logging.ERROR, logger="toolreg"):
-        results = [registry.execute("echo", {"n": n}) for n in range(3)]
+        results = [echo_boom_registry.execute("echo", {"n": n}) for n in range(3)]
         log.close()
     assert [result.ok for result in results] == [True, True, True]
     assert log.write_errors == 3
@@ -238,7 +237,7 @@ def test_a_full_disk_never_fails_the_call_and_is_reported_once(
 
 def test_each_kind_of_write_failure_is_reported_once_and_counted(
     tmp_path: Path,
-    registry: ToolRegistry,
+    echo_boom_registry: ToolRegistry,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -249,8 +248,8 @@ def test_each_kind_of_write_failure_is_reported_once_and_counted(
 
     monkeypatch.setattr(ConcurrentRotatingFileHandler, "do_write", do_write)
     with caplog.at_level(logging.ERROR, logger="toolreg"), ResultLog(tmp_path / "c") as log:
-        registry.on_result(log)
-        results = [registry.execute("echo", {}) for _ in range(6)]
+        echo_boom_registry.on_result(log)
+        results = [echo_boom_registry.execute("echo", {}) for _ in range(6)]
     assert all(result.ok for result in results)
     assert log.write_errors == 6
     reports = [r for r in caplog.records if "could not write" in r.getMessage()]
@@ -309,13 +308,13 @@ def test_using_a_closed_log_raises_and_close_is_idempotent(
 
 
 def test_a_call_finishing_after_the_log_closed_still_returns_its_result(
-    tmp_path: Path, registry: ToolRegistry, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, echo_boom_registry: ToolRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
     log = ResultLog(tmp_path / "calls.jsonl")
-    registry.on_result(log)
+    echo_boom_registry.on_result(log)
     log.close()
     with caplog.at_level(logging.ERROR, logger="toolreg"):
-        result = registry.execute("echo", {"a": 1})
+        result = echo_boom_registry.execute("echo", {"a": 1})
     assert result.ok and result.value == {"a": 1}
     assert any("observer" in r.getMessage() for r in caplog.records)
 
@@ -323,14 +322,14 @@ def test_a_call_finishing_after_the_log_closed_still_returns_its_result(
 def test_background_mode_loses_nothing_on_close(
     no_leaked_threads_or_fds: None,
     tmp_path: Path,
-    registry: ToolRegistry,
+    echo_boom_registry: ToolRegistry,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     gate = EmitGate(monkeypatch)
     path = tmp_path / "calls.jsonl"
     log = ResultLog(path, background=True)
-    registry.on_result(log)
-    ids = [registry.execute("echo", {"n": n}).call.call_id for n in range(300)]
+    echo_boom_registry.on_result(log)
+    ids = [echo_boom_registry.execute("echo", {"n": n}).call.call_id for n in range(300)]
     assert gate.reached.wait(WAIT)  # the writer thread holds the first line: 299 are queued
     assert threading.current_thread().name not in gate.threads
     gate.release()
@@ -338,16 +337,18 @@ def test_background_mode_loses_nothing_on_close(
     assert [line["call_id"] for line in lines_of(path)] == ids
 
 
-def test_concurrent_threads_each_get_whole_lines(tmp_path: Path, registry: ToolRegistry) -> None:
+def test_concurrent_threads_each_get_whole_lines(
+    tmp_path: Path, echo_boom_registry: ToolRegistry
+) -> None:
     path = tmp_path / "calls.jsonl"
     start = threading.Barrier(8)
     with ResultLog(path, max_bytes=20_000, backup_count=50) as log:
-        registry.on_result(log)
+        echo_boom_registry.on_result(log)
 
         def caller(k: int) -> None:
             start.wait(WAIT)
             for n in range(100):
-                registry.execute("echo", {"k": k, "n": n, "pad": "x" * (k * 10)})
+                echo_boom_registry.execute("echo", {"k": k, "n": n, "pad": "x" * (k * 10)})
 
         threads = [threading.Thread(target=caller, args=(k,)) for k in range(8)]
         for thread in threads:
