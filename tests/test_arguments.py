@@ -1,6 +1,6 @@
 """Arguments and the entry checks: JSON-compatible, registered, schema-valid, then frozen.
 
-Entry checks run in a fixed order before any hook (docs/contract.md section 2); what passes is
+Entry checks run in a fixed order before any hook (docs/contract.md 2.2, 2.3); what passes is
 deep-copied and frozen, so no stage can change what another sees.
 """
 

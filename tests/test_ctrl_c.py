@@ -1,9 +1,9 @@
 """Ctrl-C inside `execute`: it cancels that call (never the caller's token), completes the
 pipeline, then re-raises.
 
-docs/contract.md section 4 (Ctrl-C) and the design note on where Ctrl-C may land. A
-`KeyboardInterrupt` is raised (or a real SIGINT delivered) at each stage of a call in turn;
-SIGINT is only sent once the main thread is seen blocked (`send_ctrl_c_when`).
+docs/contract.md 4.8 and A.2 (where Ctrl-C may land). A `KeyboardInterrupt` is raised (or a
+real SIGINT delivered) at each stage of a call in turn; SIGINT is only sent once the main thread
+is seen blocked (`send_ctrl_c_when`).
 """
 
 from __future__ import annotations

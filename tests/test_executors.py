@@ -1,7 +1,7 @@
 """Threads and executors: where bodies run, which executors are accepted, and what joining means.
 
-docs/contract.md section 2: bodies run on threads of this process (a process pool is refused);
-the caller joins the body itself, never the executor's future, and never cancels that future.
+docs/contract.md 2.6 and B.4: bodies run on threads of this process (a process pool is refused);
+A.1: the caller joins the body itself, never the executor's future, and never cancels that future.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What calls leave behind: nothing on a long-lived caller token, flat memory, DEBUG-only
 logging with no handler added, and no lock a finalizer could deadlock on.
 
-docs/contract.md section 1 (listener hygiene) and section 4 (dispatch-scoped listeners are
-removed when the body settles), and the design note on the GC and critical sections.
+docs/contract.md 1.8 (listener hygiene), 4.9 (dispatch-scoped listeners are removed when the
+body settles), B.17 (DEBUG logging) and A.4 (the GC and critical sections).
 """
 
 from __future__ import annotations

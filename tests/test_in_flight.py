@@ -1,8 +1,7 @@
 """`in_flight()` snapshots and the overdue warning for a body that ignores its token.
 
-A cancelled body still running `overdue_after` seconds later is logged once (docs/contract.md
-section 4, "Once a body starts, the registry waits for it"); `in_flight()` shows each held call
-with its stage.
+A cancelled body still running `overdue_after` seconds later is logged once; `in_flight()` shows
+each held call with its stage (docs/contract.md 4.4 and B.17).
 """
 
 from __future__ import annotations

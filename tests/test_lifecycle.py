@@ -1,7 +1,7 @@
 """`close()`: it cancels every call in flight, waits for them, refuses new calls, is idempotent.
 
-docs/contract.md section 4 (the last rule): the caller's token is never touched, and a `close()`
-interrupted by Ctrl-C can be finished by calling it again.
+docs/contract.md 4.10: the caller's token is never touched, and a `close()` interrupted by
+Ctrl-C can be finished by calling it again.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Nested calls and the `ToolContext` a body gets.
 
-docs/contract.md section 2: `ctx.execute` runs a nested call under this call's token and never
-deadlocks, even when every worker is busy; after the body settled, the context refuses use.
+docs/contract.md 2.4 and A.5: `ctx.execute` runs a nested call under this call's token and
+never deadlocks, even when every worker is busy; after the body settled, the context refuses use.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Tools and their registration, and the catalog handed to a model or client.
 
 `Tool` definitions are checked when they are built or registered, never at call time
-(docs/contract.md section 2); `tools()`, `get()` and `schemas()` are the registry's catalog.
+(docs/contract.md 2.5, 2.7); `tools()`, `get()` and `schemas()` are the registry's catalog.
 """
 
 from __future__ import annotations
