@@ -10,10 +10,13 @@ orders threads by sleeping.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 from toolreg import ErrorCode, ToolContext, ToolRegistry, ToolResult
@@ -149,6 +152,24 @@ def open_registry(**options: Any) -> Iterator[ToolRegistry]:
         yield registry
     finally:
         registry.close()
+
+
+def frame_of(thread_id: int | None) -> FrameType | None:
+    """The innermost frame a thread is running, read with the cyclic GC paused.
+
+    `sys._current_frames()` allocates while holding the interpreter's list of threads locked. A
+    collection that starts there and frees a `threading.local` (every `ToolRegistry` holds one,
+    and a registry a test left in a reference cycle is freed by the collector) needs that same
+    lock: the thread deadlocks while holding the GIL, and the whole process stops, timeouts
+    included (CPython gh-106883, present in the 3.11 this suite runs on).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames().get(thread_id or 0)
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def main_thread_sleeps() -> bool:

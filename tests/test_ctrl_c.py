@@ -9,6 +9,7 @@ is seen blocked (`send_ctrl_c_when`).
 from __future__ import annotations
 
 import _thread
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from _registry_helpers import (
     Proceed,
     counting_tool,
     default_sigint,
+    frame_of,
     holds_nothing,
     main_thread_sleeps,
     send_ctrl_c_when,
@@ -200,12 +202,42 @@ def test_ctrl_c_cancels_only_the_call_finishes_the_pipeline_then_reraises(
 
 def _main_thread_waits_in_toolreg() -> bool:
     """The main thread is blocked, and its innermost frame (past threading.py) is toolreg's."""
-    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    frame = frame_of(threading.main_thread().ident)
     while frame is not None and frame.f_code.co_filename == threading.__file__:
         frame = frame.f_back
     if frame is None or not frame.f_code.co_filename.startswith(TOOLREG_DIR):
         return False
     return main_thread_sleeps()
+
+
+FRAMES_UNDER_COLLECTION = """
+import gc, sys, threading
+from _registry_helpers import frame_of
+gc.set_threshold(1)  # a collection at (almost) every allocation
+parked = threading.Event()
+other = threading.Thread(target=parked.wait)
+other.start()
+for _ in range(2000):
+    holder = {"local": threading.local()}
+    holder["self"] = holder  # a cycle: only the collector frees this threading.local
+    del holder
+    assert frame_of(other.ident) is not None
+parked.set()
+other.join()
+"""
+
+
+def test_reading_frames_survives_a_collection_that_frees_a_thread_local() -> None:
+    """Regression: with a bare `sys._current_frames()` the child froze holding the GIL (see
+    `frame_of`), and a parked-caller check froze the whole suite, pytest-timeout included."""
+    child = subprocess.run(
+        [sys.executable, "-c", FRAMES_UNDER_COLLECTION],
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        timeout=WAIT * 3,
+    )
+    assert child.returncode == 0, child.stderr
 
 
 def test_ctrl_c_handled_as_the_body_returns_is_reraised_not_hung(registry: ToolRegistry) -> None:
