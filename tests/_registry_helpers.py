@@ -1,4 +1,5 @@
-"""Shared helpers for the registry tests: handshakes, recorders, callers on their own threads.
+"""Shared helpers for the registry tests: handshakes, recorders, callers on their own threads,
+and the small tools many test files register.
 
 Threads are ordered only with `Event`s (`Gate`, `Caller`). Every wait is bounded by `WAIT`, a
 limit a correct implementation never comes near: it turns a hang into a failure with a message.
@@ -9,18 +10,51 @@ orders threads by sleeping.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
-from toolreg import ErrorCode, ToolRegistry, ToolResult
+from toolreg import ErrorCode, ToolContext, ToolRegistry, ToolResult
 
 WAIT = 10.0  # seconds any handshake may take before the test fails
 
 ABORTED = ErrorCode.ABORTED
 BEFORE = ErrorCode.ABORTED_BEFORE_DISPATCH
+
+Args = Any  # what a tool body receives as `args` (a read-only mapping)
+Proceed = Callable[[], ToolResult[Any]]  # an around wrapper's `proceed`
+
+SEARCH_SCHEMA = {
+    "type": "object",
+    "properties": {"q": {"type": "string"}, "limit": {"type": "integer"}},
+    "required": ["q"],
+}
+
+
+def echo(args: Args, ctx: ToolContext) -> Any:
+    """Return the arguments as a plain dict."""
+    return dict(args)
+
+
+def counting_tool(registry: ToolRegistry, name: str = "work") -> list[str]:
+    """Register a tool returning "ran"; the list it returns collects the call id of each start."""
+    starts: list[str] = []
+
+    def body(args: Args, ctx: ToolContext) -> str:
+        starts.append(ctx.call.call_id)
+        return "ran"
+
+    registry.tool(name=name)(body)
+    return starts
+
+
+class Opaque:
+    """A value that is neither JSON nor anything the registry knows how to render."""
 
 
 class Gate:
@@ -118,6 +152,24 @@ def open_registry(**options: Any) -> Iterator[ToolRegistry]:
         yield registry
     finally:
         registry.close()
+
+
+def frame_of(thread_id: int | None) -> FrameType | None:
+    """The innermost frame a thread is running, read with the cyclic GC paused.
+
+    `sys._current_frames()` allocates while holding the interpreter's list of threads locked. A
+    collection that starts there and frees a `threading.local` (every `ToolRegistry` holds one,
+    and a registry a test left in a reference cycle is freed by the collector) needs that same
+    lock: the thread deadlocks while holding the GIL, and the whole process stops, timeouts
+    included (CPython gh-106883, present in the 3.11 this suite runs on).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return sys._current_frames().get(thread_id or 0)
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def main_thread_sleeps() -> bool:

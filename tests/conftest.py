@@ -1,4 +1,5 @@
-"""Shared fixtures: resource hygiene, GC control and fast thread switching."""
+"""Shared fixtures: a registry and its observer, resource hygiene, GC control and fast thread
+switching. Every fixture is defined here once; test files only add fixtures of their own."""
 
 from __future__ import annotations
 
@@ -9,10 +10,26 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from _registry_helpers import Observed, open_registry
 
-from toolreg import deadline
+from toolreg import ToolRegistry, deadline
 
 _FD_DIR = "/proc/self/fd"
+
+
+@pytest.fixture
+def registry() -> Iterator[ToolRegistry]:
+    """A registry with four workers, closed when the test ends."""
+    with open_registry(max_workers=4) as reg:
+        yield reg
+
+
+@pytest.fixture
+def observed(registry: ToolRegistry) -> Observed:
+    """Every final result `registry` produces, in order."""
+    seen = Observed()
+    registry.on_result(seen)
+    return seen
 
 
 def _open_fd_count() -> int | None:

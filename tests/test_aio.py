@@ -18,7 +18,6 @@ hanging the suite.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import dataclasses
 import gc
@@ -28,13 +27,13 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import anyio
 import pytest
-from _registry_helpers import Journal
+from _registry_helpers import ABORTED, BEFORE, WAIT, Journal, holds_nothing, open_registry
 
 from toolreg import (
     CancelSource,
@@ -46,11 +45,6 @@ from toolreg import (
     ToolResult,
 )
 from toolreg.aio import AsyncToolRegistry
-
-WAIT = 10.0  # seconds any handshake may take before the test fails
-ABORTED = ErrorCode.ABORTED
-BEFORE = ErrorCode.ABORTED_BEFORE_DISPATCH
-
 
 # -- helpers ----------------------------------------------------------------------------------
 
@@ -101,20 +95,6 @@ class RecordingExecutor(ThreadPoolExecutor):
     def _keep_exception(self, future: Future[Any]) -> None:
         if not future.cancelled() and future.exception() is not None:
             self.escaped.append(future.exception())  # type: ignore[arg-type]
-
-
-@contextlib.contextmanager
-def open_registry(**options: Any) -> Iterator[ToolRegistry]:
-    registry = ToolRegistry(**options)
-    try:
-        yield registry
-    finally:
-        registry.close()
-
-
-def holds_nothing(token: CancelToken) -> bool:
-    """True if a token keeps no listener and no child link (private state, read only here)."""
-    return not token._listeners and not token._children  # type: ignore[attr-defined]
 
 
 def cancelled_token(reason: str = "user pressed stop") -> CancelToken:

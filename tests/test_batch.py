@@ -40,6 +40,7 @@ from _registry_helpers import (
     Gate,
     Journal,
     default_sigint,
+    frame_of,
     open_registry,
     wait_until,
 )
@@ -196,7 +197,7 @@ def caller_is_parked(thread: threading.Thread) -> bool:
     (say, `ThreadPoolExecutor.submit` starting a thread) is not.
     """
     assert thread.ident is not None and thread.native_id is not None
-    frame: FrameType | None = sys._current_frames().get(thread.ident)
+    frame: FrameType | None = frame_of(thread.ident)
     while frame is not None and not frame.f_code.co_filename.startswith(TOOLREG_DIR):
         if os.path.basename(frame.f_code.co_filename) not in ("threading.py", "queue.py"):
             return False

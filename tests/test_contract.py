@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -45,19 +45,6 @@ from toolreg import (
 )
 
 Args = Any
-
-
-@pytest.fixture
-def registry() -> Iterator[ToolRegistry]:
-    with open_registry(max_workers=4) as reg:
-        yield reg
-
-
-@pytest.fixture
-def observed(registry: ToolRegistry) -> Observed:
-    seen = Observed()
-    registry.on_result(seen)
-    return seen
 
 
 def add_waiting_tool(registry: ToolRegistry, name: str = "work") -> dict[str, Any]:

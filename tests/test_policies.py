@@ -70,12 +70,6 @@ Body = Callable[[Any, ToolContext], Any]
 Proceed = Callable[[], ToolResult[Any]]
 
 
-@pytest.fixture
-def registry() -> Iterator[ToolRegistry]:
-    with open_registry(max_workers=4) as registry:
-        yield registry
-
-
 def add_tool(registry: ToolRegistry, fn: Body, timeout: float | None, name: str = "t") -> None:
     registry.register(Tool(name, fn, timeout=timeout))
 

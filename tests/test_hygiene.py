@@ -1,0 +1,149 @@
+"""What calls leave behind: nothing on a long-lived caller token, flat memory, DEBUG-only
+logging with no handler added, and no lock a finalizer could deadlock on.
+
+docs/contract.md 1.8 (listener hygiene), 4.9 (dispatch-scoped listeners are removed when the
+body settles), B.17 (DEBUG logging) and A.4 (the GC and critical sections).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import threading
+import tracemalloc
+from typing import Any
+
+import pytest
+from _registry_helpers import (
+    Args,
+    Caller,
+    counting_tool,
+    holds_nothing,
+    open_registry,
+)
+
+import toolreg
+from toolreg import (
+    CancelSource,
+    ToolContext,
+)
+
+MANY_CALLS = 100_000
+TRACED_CALLS = 20_000
+
+
+def test_long_lived_caller_token_holds_nothing_after_100000_calls_and_memory_is_flat() -> None:
+    """100,000 calls on one caller token; memory traced over the last 20,000 of them."""
+    with open_registry(max_workers=2) as registry:
+
+        @registry.tool
+        def work(args: Args, ctx: ToolContext) -> int:
+            return args["n"]
+
+        session = CancelSource()
+        token = session.token
+        untraced = MANY_CALLS - TRACED_CALLS
+        for n in range(untraced):
+            result = registry.execute("work", {"n": n}, token=token)
+        assert result.value == untraced - 1
+        assert holds_nothing(token)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            half = TRACED_CALLS // 2
+            for n in range(half):
+                registry.execute("work", {"n": n}, token=token)
+            gc.collect()
+            middle = tracemalloc.get_traced_memory()[0]
+            for n in range(half):
+                registry.execute("work", {"n": n}, token=token)
+            gc.collect()
+            end = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert holds_nothing(token)
+        # Per-call state would grow by hundreds of bytes per call: 10,000 calls -> megabytes.
+        assert end - middle < 64 * 1024, f"grew {end - middle} bytes over {half} calls"
+
+
+def test_concurrent_calls_leave_nothing_on_a_shared_caller_token() -> None:
+    with open_registry(max_workers=4) as registry:
+        counting_tool(registry)
+        session = CancelSource()
+        callers = [
+            Caller(lambda: [registry.execute("work", token=session.token) for _ in range(300)])
+            for _ in range(4)
+        ]
+        for caller in callers:
+            assert all(result.ok for result in caller.join())
+        assert holds_nothing(session.token)
+
+
+def test_each_stage_is_logged_at_debug_and_nothing_below_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with toolreg.ToolRegistry(max_workers=1) as registry:
+        registry.add_pre_execute(lambda call, token: None)
+        registry.add_around(lambda dispatch, proceed: proceed())
+        registry.add_post_execute(lambda result, token: None)
+        registry.register(toolreg.Tool("t", lambda args, ctx: "ok"))
+        with caplog.at_level(logging.INFO, logger="toolreg"):
+            registry.execute(toolreg.ToolCall("t", call_id="quiet"))
+        assert [r for r in caplog.records if "quiet" in r.getMessage()] == []
+        with caplog.at_level(logging.DEBUG, logger="toolreg"):
+            registry.execute(toolreg.ToolCall("t", call_id="loud"))
+    stages = [
+        r.getMessage().split(": ")[2].split(" ")[0]
+        for r in caplog.records
+        if "loud" in r.getMessage() and r.levelno == logging.DEBUG
+    ]
+    assert stages == [
+        "pre_execute",
+        "guards",
+        "around",
+        "dispatch",
+        "body",
+        "after_body",
+        "post_execute",
+        "observers",
+    ]
+    assert not logging.getLogger("toolreg").handlers  # the library adds no handlers
+
+
+def test_a_finalizer_removing_a_hook_during_registration_does_not_deadlock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: hook and tool sets were rebuilt while holding the registry lock; a cyclic
+    collection triggered by those allocations ran finalizers, and one that removed a
+    registration took the same lock: a self-deadlock. Sets are now built outside the lock.
+    The collection is forced exactly where the hook set is rebuilt."""
+    registry = toolreg.ToolRegistry(max_workers=1)
+    removed: list[bool] = []
+
+    class Owner:
+        def __init__(self) -> None:
+            self.cycle = self
+            self.registration = registry.add_guard(lambda call: None)
+
+        def __del__(self) -> None:
+            removed.append(self.registration.remove())
+
+    rebuild = dataclasses.replace
+
+    def rebuild_with_a_collection(*args: Any, **kwargs: Any) -> Any:
+        gc.collect()  # what an allocation can trigger at any moment
+        return rebuild(*args, **kwargs)
+
+    def register() -> None:
+        Owner()  # cyclic garbage whose finalizer needs the registry
+        monkeypatch.setattr(toolreg._hooks.dataclasses, "replace", rebuild_with_a_collection)
+        registry.add_pre_execute(lambda call, token: None)
+
+    worker = threading.Thread(target=register, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "deadlocked: a finalizer waited for the registry lock"
+    monkeypatch.undo()
+    assert removed == [True]
+    registry.close()

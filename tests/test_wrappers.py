@@ -1,0 +1,217 @@
+"""Around wrappers: their nesting, `proceed()`, and the `dispatch.token` slot.
+
+docs/contract.md section 3, stage 5: wrappers nest in registration order (first outermost);
+`proceed()` never raises and may run again (each run joins the body it starts); a wrapper may
+answer without the body; whatever a wrapper does, every started body is joined.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from _registry_helpers import (
+    Args,
+    Caller,
+    Gate,
+    Journal,
+    Proceed,
+    counting_tool,
+)
+
+from toolreg import (
+    Dispatch,
+    ErrorCode,
+    ToolContext,
+    ToolRegistry,
+    ToolResult,
+)
+
+
+def test_wrappers_nest_in_registration_order_first_outermost(registry: ToolRegistry) -> None:
+    journal = Journal()
+    registry.tool(name="work")(lambda args, ctx: journal("body") or "ok")
+
+    def make(label: str) -> Callable[[Dispatch, Proceed], ToolResult[Any]]:
+        def wrapper(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+            journal(f"{label} before")
+            result = proceed()
+            journal(f"{label} after")
+            return result
+
+        return wrapper
+
+    for label in ("a", "b", "c"):
+        registry.add_around(make(label))
+    assert registry.execute("work").ok
+    assert journal.entries == [
+        "a before",
+        "b before",
+        "c before",
+        "body",
+        "c after",
+        "b after",
+        "a after",
+    ]
+
+
+def test_proceed_again_reruns_the_rest_of_the_chain_and_joins_each_body(
+    registry: ToolRegistry,
+) -> None:
+    journal = Journal()
+    attempts: list[int] = []
+
+    @registry.tool
+    def flaky(args: Args, ctx: ToolContext) -> str:
+        attempts.append(len(attempts) + 1)
+        threading.Event().wait(0.01)  # simulated work: the join must outlast it
+        journal(f"body {len(attempts)} returned")
+        if len(attempts) == 1:
+            raise ConnectionError("transient")
+        return "ok"
+
+    def retry(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        first = proceed()
+        journal(f"retry saw {first.code}")
+        second = proceed()
+        journal(f"retry saw {second.code}")
+        return second
+
+    def inner(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        journal("inner")
+        return proceed()
+
+    registry.add_around(retry)
+    registry.add_around(inner)
+    result = registry.execute("flaky")
+    assert result.ok
+    assert result.dispatched
+    assert journal.entries == [
+        "inner",
+        "body 1 returned",
+        "retry saw TOOL_ERROR",
+        "inner",
+        "body 2 returned",
+        "retry saw None",
+    ]
+
+
+def test_proceed_never_raises_inner_failures_come_back_as_results(
+    registry: ToolRegistry,
+) -> None:
+    seen: list[ToolResult[Any]] = []
+
+    @registry.tool
+    def fail(args: Args, ctx: ToolContext) -> str:
+        raise RuntimeError("body broke")
+
+    def outer(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        seen.append(proceed())
+        return seen[-1]
+
+    def inner(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        if dispatch.call.arguments["break"]:  # type: ignore[index]
+            raise LookupError("inner wrapper broke")
+        return proceed()
+
+    registry.add_around(outer)
+    registry.add_around(inner)
+    assert registry.execute("fail", {"break": False}).code == ErrorCode.TOOL_ERROR
+    assert registry.execute("fail", {"break": True}).code == ErrorCode.HOOK_ERROR
+    assert [r.code for r in seen] == [ErrorCode.TOOL_ERROR, ErrorCode.HOOK_ERROR]
+    assert isinstance(seen[1].error.exception, LookupError)  # type: ignore[union-attr]
+
+
+def test_wrapper_may_answer_without_running_the_body(registry: ToolRegistry) -> None:
+    starts = counting_tool(registry)
+    registry.add_around(
+        lambda dispatch, proceed: ToolResult.success(dispatch.call, "cached", ("cache",))
+    )
+    result = registry.execute("work")
+    assert (result.ok, result.value, result.contexts, result.dispatched) == (
+        True,
+        "cached",
+        ("cache",),
+        False,
+    )
+    assert starts == []
+
+
+def test_wrapper_leaving_a_non_token_in_dispatch_token_is_a_hook_error(
+    registry: ToolRegistry,
+) -> None:
+    starts = counting_tool(registry)
+
+    def spoil(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        dispatch.token = None  # type: ignore[assignment]
+        return proceed()
+
+    registry.add_around(spoil)
+    assert registry.execute("work").code == ErrorCode.HOOK_ERROR
+    assert starts == []
+
+
+def test_wrapper_deleting_dispatch_token_fails_closed_without_raising(
+    registry: ToolRegistry,
+) -> None:
+    starts = counting_tool(registry)
+    proceed_raised: list[BaseException] = []
+
+    def remove_slot(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        del dispatch.token
+        try:
+            return proceed()
+        except BaseException as exc:
+            proceed_raised.append(exc)
+            raise
+
+    registry.add_around(remove_slot)
+    result = registry.execute("work")  # "execute never raises for a tool-level problem"
+    assert proceed_raised == []  # "proceed() ... never raises"
+    assert not result.ok
+    assert starts == []
+
+
+def test_proceed_called_after_the_call_settled_starts_no_body(registry: ToolRegistry) -> None:
+    starts = counting_tool(registry)
+    kept: list[Proceed] = []
+
+    def keep(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        kept.append(proceed)
+        return ToolResult.success(dispatch.call, "cached")
+
+    registry.add_around(keep)
+    assert registry.execute("work").ok
+    with contextlib.suppress(RuntimeError):  # refusing loudly is fine too
+        kept[0]()
+    assert starts == []
+
+
+def test_body_started_by_a_proceed_on_another_thread_is_still_joined(
+    registry: ToolRegistry,
+) -> None:
+    gate = Gate()
+    background: list[Caller] = []
+
+    @registry.tool
+    def work(args: Args, ctx: ToolContext) -> str:
+        gate.hold()
+        return "done"
+
+    def fire_and_forget(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        background.append(Caller(proceed, name="background-proceed"))
+        gate.wait_reached()  # the body is running
+        return ToolResult.success(dispatch.call, "answered early")
+
+    registry.add_around(fire_and_forget)
+    call = Caller(lambda: registry.execute("work"))
+    try:
+        gate.wait_reached()
+        assert call.still_blocked(), "execute returned while a body of its call was running"
+    finally:
+        gate.release()
+        result = call.join()
+        background[0].join()
+    assert result.dispatched
