@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import fastjsonschema
 
+from . import _validate
 from ._batch import BatchRun, Progress, check_batch, unstarted_call
 from ._body import INTERRUPTS
 from ._cancel import CancelSource, CancelToken, Registration
@@ -101,6 +102,8 @@ class ToolRegistry:
         thread_name_prefix: str = "toolreg",
         overdue_after: float | None = 30.0,
     ) -> None:
+        if overdue_after is not None:  # infinity is refused too: None is how to disable it
+            overdue_after = _validate.seconds(overdue_after, "overdue_after", unlimited="pass None")
         if executor is None:
             self._executor: Executor = ThreadPoolExecutor(max_workers, thread_name_prefix)
             self._owns_executor = True
@@ -108,8 +111,6 @@ class ToolRegistry:
             _check_executor(executor)
             self._executor = executor
             self._owns_executor = False
-        if overdue_after is not None and not (overdue_after > 0):
-            raise ValueError("overdue_after must be positive seconds, or None to disable")
         self._overdue_after = overdue_after
         # Guards the swaps of _tools and _hooks, and _batches, _active, _closing, _closed, and the
         # snapshots of _calls (whose single inserts and pops need no lock). Tools and hooks are
