@@ -15,16 +15,20 @@ Design rules (each one answers a known trap, see PITFALLS.md):
 * `token.cancelled` is a plain attribute read. Critical sections allocate no garbage-collected
   object (a collection there could run a finalizer that needs the same lock) and never call user
   code; our finalizers (`TimerEntry._died`) never take a lock.
-* One shared daemon timer thread serves every deadline in the process (`_timer`).
+* One shared daemon timer thread serves every deadline in the process (`_timer`). It fires a
+  deadline by marking its subtree cancelled (so `.cancelled`, `.reason` and `.wait()` see the
+  deadline on time) and hands the callbacks to the `toolreg-callbacks` threads (`_jobs`): a slow
+  callback never delays another deadline, and a blocked one never holds up the callbacks of
+  other deadlines.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import logging
-import math
 import threading
 import time
 import weakref
@@ -33,7 +37,9 @@ from dataclasses import dataclass
 
 from typing_extensions import Self
 
-from ._timer import Timer, TimerEntry
+from . import _validate
+from ._jobs import JobThreads
+from ._timer import ManualClock, Timer, TimerEntry
 
 __all__ = [
     "CancelSource",
@@ -51,6 +57,10 @@ _next_key = itertools.count().__next__  # dict keys for listeners; next() is ato
 
 # Listener states.
 _PENDING, _RUNNING, _DONE, _REMOVED = range(4)
+
+# What a callback may raise through `cancel()` / `on_cancel()` (after the other callbacks ran);
+# anything else it raises is logged.
+_INTERRUPTS = (KeyboardInterrupt, SystemExit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +168,9 @@ class _Listener(Registration):
         try:
             if fn is not None:
                 fn()
-        except (Exception, Cancelled):  # Ctrl-C and SystemExit propagate, after the others
+        except _INTERRUPTS:  # Ctrl-C and SystemExit propagate, after the other callbacks
+            raise
+        except BaseException:  # asyncio.CancelledError, GeneratorExit, ...: a callback's bug
             logger.exception("toolreg: cancel callback %r raised", fn)
         finally:
             with token._lock:
@@ -264,10 +276,14 @@ class CancelToken:
         """Run `callback()` once when the token is cancelled; return its `Registration`.
 
         If the token is already cancelled, the callback runs now, in this thread, before
-        `on_cancel` returns. Otherwise it runs in the thread that cancels (or the timer thread),
-        after the token (and every token linked below it) reads as cancelled, in registration
-        order, with no toolreg lock held. A callback that raises is logged on the `toolreg`
-        logger; the others still run.
+        `on_cancel` returns. Otherwise it runs in the thread that calls `cancel()`, after the
+        token (and every token linked below it) reads as cancelled, in registration order, with
+        no toolreg lock held. A deadline's timer thread never runs callbacks: when a deadline
+        fires, its tokens read as cancelled at once and their callbacks run soon after on a
+        ``toolreg-callbacks`` daemon thread (a callback that blocks there lets the callbacks of
+        other deadlines run on another one). A callback that raises is logged on the `toolreg`
+        logger and the others still run; only `KeyboardInterrupt` and `SystemExit` propagate
+        (out of `cancel()` or this call), after the other callbacks ran.
         """
         if not callable(callback):
             raise TypeError(f"on_cancel() needs a callable, got {type(callback).__name__}")
@@ -428,11 +444,37 @@ def _new_token(cls: type[CancelToken] = CancelToken) -> CancelToken:
 _NEVER = _new_token(_NeverToken)
 
 
-def _cancel(token: CancelToken, reason: object, from_timer: bool = False) -> bool:
-    """Cancel `token` and its linked subtree; run their callbacks. True if it was live."""
-    marked = token._mark(reason, from_timer, False)
+def _cancel(token: CancelToken, reason: object) -> bool:
+    """Cancel `token` and its linked subtree; run their callbacks here. True if it was live."""
+    marked = _mark_tree(token, reason, False)
     if marked is None:
         return False
+    callbacks, interrupted = marked
+    try:
+        _run_callbacks(callbacks)
+    finally:
+        if interrupted is not None:
+            raise interrupted
+    return True
+
+
+def _fire(token: CancelToken, reason: TimeoutReason) -> None:
+    """The timer's action: mark the subtree cancelled now, run its callbacks elsewhere."""
+    marked = _mark_tree(token, reason, True)
+    if marked is not None and marked[0]:
+        _CALLBACKS.call_soon(functools.partial(_run_callbacks, marked[0]))
+
+
+def _mark_tree(
+    token: CancelToken, reason: object, from_timer: bool
+) -> tuple[list[_Listener], BaseException | None] | None:
+    """Mark `token` and its linked subtree cancelled; None if it was not live.
+
+    Returns the callbacks to run, in registration order, and a Ctrl-C that landed meanwhile.
+    """
+    marked = token._mark(reason, from_timer, False)
+    if marked is None:
+        return None
     pending = [marked]
     callbacks: dict[int, _Listener] = {}
     interrupted: BaseException | None = None
@@ -442,12 +484,7 @@ def _cancel(token: CancelToken, reason: object, from_timer: bool = False) -> boo
             break
         except BaseException as exc:  # a Ctrl-C mid-walk: the walk is idempotent, finish it
             interrupted = interrupted or exc
-    try:
-        _run_callbacks(list(callbacks.values()))
-    finally:
-        if interrupted is not None:
-            raise interrupted
-    return True
+    return list(callbacks.values()), interrupted
 
 
 def _mark_subtree(pending: list[_Marked], callbacks: dict[int, _Listener], reason: object) -> None:
@@ -481,18 +518,6 @@ def _run_callbacks(callbacks: list[_Listener]) -> None:
                 first_error = exc
     if first_error is not None:
         raise first_error
-
-
-def _check_seconds(seconds: object, what: str) -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, got {type(seconds).__name__}")
-    try:
-        value = float(seconds)
-    except OverflowError:
-        value = math.inf
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} must be a positive, finite number of seconds, got {seconds!r}")
-    return value
 
 
 class CancelSource:
@@ -530,7 +555,8 @@ class CancelSource:
         """Cancel the token and its linked descendants; True only for the call that cancelled.
 
         The first reason wins. Callbacks run in this thread, after every linked token reads as
-        cancelled; one that raises is logged and never makes `cancel()` raise.
+        cancelled; one that raises is logged and does not make `cancel()` raise, except for a
+        `KeyboardInterrupt` or `SystemExit`, re-raised once the other callbacks ran.
         """
         return _cancel(self._token, reason)
 
@@ -554,9 +580,10 @@ class CancelSource:
 def _new_source_token(parents: tuple[object, ...], seconds: object, code: str) -> CancelToken:
     for parent in parents:
         if not isinstance(parent, CancelToken):
-            hint = " (pass source.token)" if isinstance(parent, CancelSource) else ""
-            raise TypeError(f"parents must be CancelTokens, got {type(parent).__name__}{hint}")
-    timeout = None if seconds is None else _check_seconds(seconds, "timeout")
+            _validate.token(parent, "a parent")  # raises the TypeError that says why
+    timeout = (
+        None if seconds is None else _validate.seconds(seconds, "timeout", unlimited="pass None")
+    )
     token = _new_token()
     if parents and not (len(parents) == 1 and parents[0] is _NEVER):
         token._link_to(parents)  # type: ignore[arg-type]
@@ -622,8 +649,22 @@ _gc_pauses = 0
 _gc_was_enabled = False
 
 
-def _fire(token: CancelToken, reason: TimeoutReason) -> None:
-    _cancel(token, reason, from_timer=True)
+# Runs the callbacks of fired deadlines; its threads start with the timer's, never on it.
+_CALLBACKS = JobThreads("toolreg-callbacks")
+_TIMER = Timer(_fire, on_start=_CALLBACKS.start)
 
 
-_TIMER = Timer(_fire)
+@contextlib.contextmanager
+def manual_clock() -> Iterator[ManualClock]:
+    """For tests: deadlines created inside run on a `ManualClock` and fire on `advance()`.
+
+    Deadlines created before keep the real timer; the callbacks of fired deadlines still run
+    on the ``toolreg-callbacks`` threads, as in production.
+    """
+    global _TIMER
+    clock = ManualClock()
+    previous, _TIMER = _TIMER, Timer(_fire, clock=clock)
+    try:
+        yield clock
+    finally:
+        _TIMER = previous
