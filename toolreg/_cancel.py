@@ -539,7 +539,7 @@ class CancelSource:
     __slots__ = ("__weakref__", "_token")
 
     def __init__(self, *parents: CancelToken, timeout: float | None = None) -> None:
-        self._token = _new_source_token(parents, timeout, "TIMEOUT")
+        self._token = _new_source_token(parents, timeout, "TIMEOUT", "timeout")
 
     @property
     def token(self) -> CancelToken:
@@ -577,12 +577,16 @@ class CancelSource:
         return f"<CancelSource {token._state_repr()}{timed}{closed}>"
 
 
-def _new_source_token(parents: tuple[object, ...], seconds: object, code: str) -> CancelToken:
+def _new_source_token(
+    parents: tuple[object, ...], seconds: object, code: str, what: str
+) -> CancelToken:
     for parent in parents:
         if not isinstance(parent, CancelToken):
             _validate.token(parent, "a parent")  # raises the TypeError that says why
     timeout = (
-        None if seconds is None else _validate.seconds(seconds, "timeout", unlimited="pass None")
+        None
+        if seconds is None
+        else _validate.seconds(seconds, what, unlimited="pass None for no timer")
     )
     token = _new_token()
     if parents and not (len(parents) == 1 and parents[0] is _NEVER):
@@ -604,7 +608,7 @@ def deadline(
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     source = CancelSource.__new__(CancelSource)
     parents: tuple[object, ...] = () if parent is None else (parent,)
-    source._token = _new_source_token(parents, seconds, code)
+    source._token = _new_source_token(parents, seconds, code, "seconds")
     return source
 
 

@@ -103,7 +103,9 @@ class ToolRegistry:
         overdue_after: float | None = 30.0,
     ) -> None:
         if overdue_after is not None:  # infinity is refused too: None is how to disable it
-            overdue_after = _validate.seconds(overdue_after, "overdue_after", unlimited="pass None")
+            overdue_after = _validate.seconds(
+                overdue_after, "overdue_after", unlimited="None disables it"
+            )
         if executor is None:
             self._executor: Executor = ThreadPoolExecutor(max_workers, thread_name_prefix)
             self._owns_executor = True
