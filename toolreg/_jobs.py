@@ -54,14 +54,15 @@ class JobThreads:
         os.register_at_fork(after_in_child=lambda: _call_if_alive(after_fork))
 
     def _reset(self, jobs: collections.deque[Job]) -> None:
-        # Guards _jobs, _threads, _idle and _started. Nothing under it allocates an object the
-        # garbage collector tracks, and no job runs under it.
+        # Guards _jobs, _threads, _idle, _started and _closed. Nothing under it allocates an
+        # object the garbage collector tracks, and no job runs under it.
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)  # notified when a job is queued
         self._jobs = jobs
         self._threads = 0  # workers alive or being started
         self._idle = 0  # workers waiting for a job
         self._started = False
+        self._closed = False
 
     def _after_fork(self) -> None:
         # Only the forking thread survives: the lock may be held by a thread that is gone.
@@ -85,6 +86,8 @@ class JobThreads:
     def call_soon(self, job: Job) -> None:
         """Run `job()` on one of the workers, soon; never blocks once `start()` ran."""
         with self._lock:
+            if self._closed:
+                raise RuntimeError(f"JobThreads {self._name!r} is closed")
             self._jobs.append(job)
             if self._idle:
                 self._ready.notify()
@@ -92,6 +95,13 @@ class JobThreads:
             started = self._started
         if not started:
             self.start()  # first use without start(): the caller pays for the threads, once
+
+    def close(self) -> None:
+        """Refuse new jobs; every worker exits once the queued jobs are done (for tests: the
+        process-wide instances are never closed)."""
+        with self._lock:
+            self._closed = True
+            self._ready.notify_all()
 
     def _spawn(self) -> None:
         try:
@@ -125,6 +135,9 @@ class JobThreads:
         """With the lock held: the next job and whether to start a spare, or None to exit."""
         patience_until: float | None = None
         while True:
+            if not self._jobs and self._closed:
+                self._threads -= 1
+                return None
             if not self._jobs:
                 patience_until = None
                 woken = self._ready.wait(self._linger)
