@@ -54,31 +54,30 @@ class JobThreads:
         os.register_at_fork(after_in_child=lambda: _call_if_alive(after_fork))
 
     def _reset(self, jobs: collections.deque[Job]) -> None:
-        # Guards _jobs, _threads, _idle, _started and _closed. Nothing under it allocates an
-        # object the garbage collector tracks, and no job runs under it.
+        # Guards _jobs, _threads, _idle and _closed. Nothing under it allocates an object the
+        # garbage collector tracks, and no job runs under it.
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)  # notified when a job is queued
         self._jobs = jobs
         self._threads = 0  # workers alive or being started
         self._idle = 0  # workers waiting for a job
-        self._started = False
         self._closed = False
 
     def _after_fork(self) -> None:
         # Only the forking thread survives: the lock may be held by a thread that is gone.
         self._reset(self._jobs)
+        if self._jobs:  # jobs queued in the parent are the child's to run too
+            self.start()
 
     def start(self) -> None:
-        """Start the `keep` workers now, if not done yet; call it from a thread that may block.
+        """Start workers up to `keep` now; call it from a thread that may block.
 
         Starting a thread waits for it to run (milliseconds under load), so a thread that must
-        not block (the timer, an event loop) should never be the one to start them.
+        not block (the timer, an event loop) should not be the one to start them: start them
+        early (the timer does it when it starts its own thread). Idempotent.
         """
         with self._lock:
-            if self._started:
-                return
-            self._started = True
-            missing = self._keep - self._threads
+            missing = max(0, self._keep - self._threads)
             self._threads += missing
         for _ in range(missing):
             self._spawn()
@@ -92,9 +91,9 @@ class JobThreads:
             if self._idle:
                 self._ready.notify()
                 return
-            started = self._started
-        if not started:
-            self.start()  # first use without start(): the caller pays for the threads, once
+            short = self._threads < self._keep
+        if short:  # never started (or a start failed): this caller pays for the threads, once
+            self.start()
 
     def close(self) -> None:
         """Refuse new jobs; every worker exits once the queued jobs are done (for tests: the
