@@ -1,4 +1,4 @@
-"""Tests for toolreg/_cancel.py: sources, tokens, registrations, deadlines (API.md section 1).
+"""Tests for toolreg/_cancel.py: sources, tokens, registrations, deadlines (contract section 1).
 
 Threads are ordered with Events and Barriers, never with sleeps. The only bounded waits on time
 are `join(timeout)`/`wait(timeout)` calls that turn a deadlock into a failure instead of a hang,
@@ -1591,7 +1591,7 @@ def test_deadline_beyond_the_platform_wait_limit_does_not_kill_the_timer() -> No
         """
         import threading
         from toolreg import deadline
-        far = deadline(None, 1e10)  # finite and positive: valid per API.md
+        far = deadline(None, 1e10)  # finite and positive: valid per docs/contract.md
         [timer] = [t for t in threading.enumerate() if t.name == "toolreg-timer"]
         timer.join(2.0)  # with the bug it dies at once, waiting for `far`
         near = deadline(None, 0.05)

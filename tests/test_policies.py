@@ -915,7 +915,7 @@ def test_never_retries_once_the_caller_cancelled(registry: ToolRegistry) -> None
     result = registry.execute("t", token=caller.token)
 
     assert journal.entries == ["run"]
-    # A failure is more specific than the cancellation and stays (API.md section 4).
+    # A failure is more specific than the cancellation and stays (docs/contract.md, section 4).
     assert (result.code, result.content) == (
         TOOL_ERROR,
         "Error: ValueError: failed while being cancelled",

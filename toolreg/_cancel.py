@@ -3,7 +3,7 @@
 A `CancelSource` owns cancellation; its `CancelToken` only observes it. Sources link to parent
 tokens, so tokens form a tree: cancelling a parent cancels every linked descendant.
 
-Design rules (each one answers a known trap, see PITFALLS.md):
+Design rules (each one answers a known trap, see docs/contract.md):
 
 * Propagation is push-based and eager. `cancel()` marks the whole linked subtree as cancelled
   first, walking it with an explicit worklist (never the Python stack), and only then runs user
