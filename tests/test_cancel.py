@@ -3,7 +3,10 @@
 Threads are ordered with Events and Barriers, never with sleeps. The only bounded waits on time
 are `join(timeout)`/`wait(timeout)` calls that turn a deadlock into a failure instead of a hang,
 and short real deadlines (the timer is real; a later deadline is used as the clock that proves an
-earlier one was processed). White-box reads of private fields are marked as such.
+earlier one was processed). A test that must decide when a deadline fires uses the manual clock
+(the `clock` fixture). Deadline callbacks run on the `toolreg-callbacks` threads, after the token
+reads as cancelled: a test waits for the callbacks themselves, never for the token. White-box
+reads of private fields are marked as such.
 """
 
 from __future__ import annotations
