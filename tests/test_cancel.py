@@ -1,9 +1,12 @@
-"""Tests for toolreg/_cancel.py: sources, tokens, registrations, deadlines (API.md section 1).
+"""Tests for toolreg/_cancel.py: sources, tokens, registrations, deadlines (contract section 1).
 
 Threads are ordered with Events and Barriers, never with sleeps. The only bounded waits on time
 are `join(timeout)`/`wait(timeout)` calls that turn a deadlock into a failure instead of a hang,
 and short real deadlines (the timer is real; a later deadline is used as the clock that proves an
-earlier one was processed). White-box reads of private fields are marked as such.
+earlier one was processed). A test that must decide when a deadline fires uses the manual clock
+(the `clock` fixture). Deadline callbacks run on the `toolreg-callbacks` threads, after the token
+reads as cancelled: a test waits for the callbacks themselves, never for the token. White-box
+reads of private fields are marked as such.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import tracemalloc
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -42,6 +45,7 @@ from toolreg import (
     deadline,
     timeout_of,
 )
+from toolreg._timer import ManualClock
 
 pytestmark = pytest.mark.usefixtures("no_leaked_threads_or_fds")
 
@@ -122,6 +126,23 @@ def traced_size(make: Callable[[], object], count: int) -> int:
 
 def error_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == "toolreg" and r.levelno >= logging.ERROR]
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    """Poll an observable condition in short bounded slices (it never orders threads)."""
+    pause = threading.Event()
+    for _ in range(int(WAIT / 0.01)):
+        if condition():
+            return
+        pause.wait(0.01)
+    assert condition(), f"timed out waiting for {what}"
+
+
+@pytest.fixture
+def clock() -> Iterator[ManualClock]:
+    """Deadlines created in the test fire only when it calls `clock.advance(seconds)`."""
+    with _cancel.manual_clock() as manual:
+        yield manual
 
 
 def run_python(source: str, timeout: float) -> subprocess.CompletedProcess[str] | None:
@@ -786,9 +807,10 @@ def test_callback_can_wait_for_a_token_another_thread_cancels() -> None:
 
 def test_deadline_callback_can_schedule_another_deadline() -> None:
     fired: list[CancelSource] = []
+    scheduled = threading.Event()
     first = deadline(None, 0.01)
-    first.token.on_cancel(lambda: fired.append(deadline(None, 0.01)))
-    assert first.token.wait(WAIT)
+    first.token.on_cancel(lambda: (fired.append(deadline(None, 0.01)), scheduled.set()))
+    assert scheduled.wait(WAIT)
     assert fired[0].token.wait(WAIT)
     assert fired[0].timed_out
 
@@ -875,26 +897,22 @@ def test_100k_deep_chain_cancels_without_recursion_error(
 
 
 def test_100k_deep_chain_under_a_deadline_is_cancelled_by_the_timer(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, clock: ManualClock
 ) -> None:
-    # Hold the timer thread while the chain is built and made eager (a callback on the leaf),
-    # so the deadline fires on the whole linked chain at once.
-    entered, release = threading.Event(), threading.Event()
-    busy = deadline(None, 0.001)
-    busy.token.on_cancel(lambda: (entered.set(), release.wait(60)))
-    try:
-        assert entered.wait(WAIT)
-        root = deadline(None, 0.001)
-        root.token.on_cancel(lambda: None)  # eager: armed now, fired by the (held) timer
-        leaf = deep_chain(root.token, 100_000)
-        fired: list[str] = []
-        leaf.on_cancel(lambda: fired.append(threading.current_thread().name))
-        assert not leaf.cancelled
-    finally:
-        release.set()
-    assert leaf.wait(WAIT)
+    # The manual clock: the deadline fires only once the whole chain is built and made eager
+    # (a callback on the leaf), so the timer's firing is pushed down all 100k links at once.
+    root = deadline(None, 0.001)
+    root.token.on_cancel(lambda: None)  # eager: armed on the (manual) timer
+    leaf = deep_chain(root.token, 100_000)
+    fired: list[str] = []
+    done = threading.Event()
+    leaf.on_cancel(lambda: (fired.append(threading.current_thread().name), done.set()))
+    assert not leaf.cancelled
+    clock.advance(0.001)
+    assert leaf._cancelled  # white-box: pushed, not resolved on read
+    assert done.wait(WAIT)
     assert root.timed_out and leaf.reason == TimeoutReason("TIMEOUT", 0.001)
-    assert fired and fired[0].startswith("toolreg-timer")
+    assert fired == ["toolreg-callbacks"]
     assert not error_records(caplog)
 
 
@@ -966,14 +984,20 @@ def test_deadline_under_a_cancelled_parent_starts_cancelled_without_a_timer() ->
     assert budget.token._timer is None  # white-box
 
 
-def test_deadline_callbacks_run_on_the_shared_timer_thread() -> None:
+def test_deadline_callbacks_run_on_a_callback_thread_never_on_the_timer() -> None:
     names: list[str] = []
+    all_ran = threading.Event()
+
+    def record() -> None:
+        names.append(threading.current_thread().name)
+        if len(names) == 20:
+            all_ran.set()
+
     deadlines = [deadline(None, 0.01 + index / 1000) for index in range(20)]
     for budget in deadlines:
-        budget.token.on_cancel(lambda: names.append(threading.current_thread().name))
-    assert all(budget.token.wait(WAIT) for budget in deadlines)
-    deadline(None, 0.03).token.wait(WAIT)  # the timer has finished the callbacks above
-    assert names == ["toolreg-timer"] * 20
+        budget.token.on_cancel(record)
+    assert all_ran.wait(WAIT)
+    assert names == ["toolreg-callbacks"] * 20
 
 
 def test_one_timer_thread_serves_a_thousand_deadlines() -> None:
@@ -1001,9 +1025,12 @@ def test_raising_deadline_callback_does_not_kill_the_timer(
     later = deadline(None, 0.01)
     assert later.token.wait(WAIT)
     assert later.timed_out
-    assert any(
-        r.exc_info is not None and isinstance(r.exc_info[1], exc_type)
-        for r in error_records(caplog)
+    wait_for(  # logged on the callback thread, which may still be on its way there
+        lambda: any(
+            r.exc_info is not None and isinstance(r.exc_info[1], exc_type)
+            for r in error_records(caplog)
+        ),
+        "the callback's exception to be logged",
     )
 
 
@@ -1016,16 +1043,12 @@ def test_closed_deadline_never_fires() -> None:
     assert not closed.timed_out
 
 
-def test_deadline_closed_while_the_timer_is_busy_never_fires() -> None:
-    entered, release = threading.Event(), threading.Event()
-    busy = deadline(None, 0.01)
-    busy.token.on_cancel(lambda: (entered.set(), release.wait(WAIT)))
-    assert entered.wait(WAIT)  # the timer thread is held inside `busy`'s callback
+def test_deadline_closed_before_it_came_due_never_fires(clock: ManualClock) -> None:
     closed = deadline(None, 0.01)
     kept = deadline(None, 0.01)  # same delay, created later: due right after `closed`
-    closed.close()
-    release.set()
-    assert kept.token.wait(WAIT)
+    closed.close()  # its entry stays in the heap, disarmed
+    clock.advance(0.01)
+    assert kept.token.cancelled and kept.timed_out
     assert not closed.token.cancelled and not closed.timed_out
 
 
@@ -1603,7 +1626,7 @@ def test_deadline_beyond_the_platform_wait_limit_does_not_kill_the_timer() -> No
         """
         import threading
         from toolreg import deadline
-        far = deadline(None, 1e10)  # finite and positive: valid
+        far = deadline(None, 1e10)  # finite and positive: valid per docs/contract.md
         far.token.on_cancel(lambda: None)  # armed on the shared timer
         [timer] = [t for t in threading.enumerate() if t.name == "toolreg-timer"]
         timer.join(2.0)  # with the bug it dies at once, waiting for `far`
@@ -1644,9 +1667,9 @@ def test_finalizer_touching_the_parent_during_a_children_sweep_does_not_deadlock
     assert result is not None and result.stdout.strip() == "no deadlock", "deadlocked"
 
 
-# Process-wide daemon helpers: the shared timer, and the asyncio facade's helper (started when
-# `toolreg.aio` is imported, which another test module may have done).
-PROCESS_WIDE = {"toolreg-timer", "toolreg-helper"}
+# Process-wide daemon helpers: the shared timer, the threads that run its deadlines' callbacks,
+# and toolreg's helper thread (the asyncio facade and the pool hand it small jobs).
+PROCESS_WIDE = {"toolreg-timer", "toolreg-callbacks", "toolreg-helper"}
 
 
 def test_no_thread_but_the_shared_timer_outlives_the_tests_above() -> None:

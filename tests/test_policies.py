@@ -1,11 +1,13 @@
 """Tests for toolreg._policies: `TimeoutPolicy`, `RetryPolicy`, and how they compose.
 
-Deadlines here are real but short (`SHORT`, 100 ms at most) and every ordering between threads is
-a handshake: a body that must see its deadline waits on `ctx.token`, a test that must act at a
-given moment waits on a `Gate` or an `Event`. Where a test needs "the body started (or returned)
-before its deadline fired", it holds toolreg's one timer thread (`TimerHold`) until that point,
-so no scheduling delay on a loaded machine can reorder the two. A body only sleeps to play an
-uncooperative tool, never to order threads. Deadlines that must not fire are `LONG`.
+Deadlines that must fire run on a manual clock (the `clock` fixture): they fire exactly when a
+test calls `clock.advance(seconds)`, in that thread, and never otherwise, so "the body started
+(or returned) before its deadline fired" is a fact of the test's code, not of the machine's
+scheduling. Every other ordering between threads is a handshake: a body that must see its
+deadline waits on `ctx.token`, a test that must act at a given moment waits on a `Gate` or an
+`Event`. `RetryPolicy` backoffs are recorded by an injected `wait` instead of slept. A body
+only sleeps to play an uncooperative tool, never to order threads. Deadlines that must not fire
+are `LONG`.
 
 Two windows of the "timer fired vs. body returned" race are pinned separately:
 
@@ -38,6 +40,7 @@ from _registry_helpers import (
     Observed,
     holds_nothing,
     open_registry,
+    wait_until,
 )
 
 import toolreg._pipeline
@@ -58,7 +61,8 @@ from toolreg import (
     timeout_of,
 )
 from toolreg._body import ToolContext as BodyRun
-from toolreg._cancel import _TIMER
+from toolreg._cancel import _TIMER, manual_clock
+from toolreg._timer import ManualClock
 
 SHORT = 0.1  # a tool timeout that is meant to fire
 SHORT_TEXT = "0.1"  # format(SHORT, "g")
@@ -92,49 +96,25 @@ class TokenSpy:
         return proceed()
 
 
-class TimerHold:
-    """Holds the process-wide timer thread: no deadline fires until `release()`.
-
-    toolreg serves every deadline from one timer thread and runs a deadline's callbacks on it
-    (API.md section 1). A 1 ms deadline whose callback blocks keeps that thread busy, so the
-    deadlines that come due meanwhile fire only after `release()`, in due order. That orders
-    "the body started (or returned)" before "its deadline fired" without any sleep, however
-    slowly a loaded machine schedules the body.
-    """
-
-    def __init__(self) -> None:
-        self._held = threading.Event()
-        self._released = threading.Event()
-        owner = threading.get_ident()
-        while True:
-            ran_here: list[bool] = []
-
-            def hold(ran_here: list[bool] = ran_here) -> None:
-                if threading.get_ident() == owner:
-                    ran_here.append(True)  # it fired before on_cancel() returned: ran inline
-                    return
-                self._held.set()
-                self._released.wait(WAIT)
-
-            self._source = deadline(None, 0.001)
-            self._source.token.on_cancel(hold)
-            if not ran_here:
-                break
-        if not self._held.wait(WAIT):
-            raise RuntimeError("the timer thread never fired the holding deadline")
-
-    def release(self) -> None:
-        self._released.set()
-
-
 @pytest.fixture
-def timer() -> Iterator[TimerHold]:
-    """The timer thread, held until the test calls `timer.release()` (or ends)."""
-    hold = TimerHold()
-    try:
-        yield hold
-    finally:
-        hold.release()
+def clock() -> Iterator[ManualClock]:
+    """Deadlines created in the test fire only when it calls `clock.advance(seconds)`."""
+    with manual_clock() as manual:
+        yield manual
+
+
+class Waits:
+    """A `RetryPolicy(wait=...)` that records each backoff and returns at once (not cancelled)."""
+
+    def __init__(self, journal: Journal | None = None) -> None:
+        self.seconds: list[float] = []
+        self._journal = journal
+
+    def __call__(self, token: CancelToken, seconds: float) -> bool:
+        self.seconds.append(seconds)
+        if self._journal is not None:
+            self._journal(("wait", seconds))
+        return token.cancelled
 
 
 def timed_out_content(seconds: str) -> str:
@@ -191,12 +171,12 @@ def test_tool_without_timeout_passes_through_with_the_same_token(registry: ToolR
 
 @pytest.mark.parametrize("ending", ["returns", "raises Cancelled"])
 def test_deadline_firing_makes_tool_timeout_with_exact_content(
-    registry: ToolRegistry, timer: TimerHold, ending: str
+    registry: ToolRegistry, clock: ManualClock, ending: str
 ) -> None:
     seen: list[object] = []
 
     def body(args: Any, ctx: ToolContext) -> str:
-        timer.release()  # the body has started: now the deadline may fire
+        clock.advance(SHORT)  # the body has started: now the deadline fires
         seen.append(wait_for_deadline(ctx))
         if ending == "raises Cancelled":
             ctx.token.raise_if_cancelled()
@@ -219,25 +199,28 @@ def test_deadline_firing_makes_tool_timeout_with_exact_content(
     ("seconds", "text"), [(0.02, "0.02"), (0.015625, "0.015625"), (2.5e-05, "2.5e-05")]
 )
 def test_timeout_content_formats_seconds_with_g(
-    registry: ToolRegistry, seconds: float, text: str
+    registry: ToolRegistry, clock: ManualClock, seconds: float, text: str
 ) -> None:
+    def body(args: Any, ctx: ToolContext) -> object:
+        clock.advance(seconds)
+        return wait_for_deadline(ctx)
+
     registry.add_around(TimeoutPolicy())
-    add_tool(registry, lambda args, ctx: wait_for_deadline(ctx), timeout=seconds)
+    add_tool(registry, body, timeout=seconds)
 
     result = registry.execute("t")
 
-    # 25 µs may expire before the body starts: TOOL_TIMEOUT either way, same content
     assert result.code == TIMEOUT
     assert result.content == timed_out_content(text) == timed_out_content(format(seconds, "g"))
 
 
 def test_policy_code_is_the_reason_code_of_its_deadline(
-    registry: ToolRegistry, timer: TimerHold
+    registry: ToolRegistry, clock: ManualClock
 ) -> None:
     seen: list[object] = []
 
     def body(args: Any, ctx: ToolContext) -> None:
-        timer.release()
+        clock.advance(SHORT)
         seen.append(wait_for_deadline(ctx))
         seen.append(timeout_of(ctx.token, "TOOL_TIMEOUT"))
 
@@ -250,10 +233,16 @@ def test_policy_code_is_the_reason_code_of_its_deadline(
     assert result.code == TIMEOUT  # the result code does not follow the deadline's code
 
 
-def test_default_budget_applies_only_to_tools_that_declare_none(registry: ToolRegistry) -> None:
+def test_default_budget_applies_only_to_tools_that_declare_none(
+    registry: ToolRegistry, clock: ManualClock
+) -> None:
+    def body(args: Any, ctx: ToolContext) -> object:
+        clock.advance(0.04)  # enough for either budget
+        return wait_for_deadline(ctx)
+
     registry.add_around(TimeoutPolicy(default=0.04))
-    add_tool(registry, lambda args, ctx: wait_for_deadline(ctx), timeout=None, name="plain")
-    add_tool(registry, lambda args, ctx: wait_for_deadline(ctx), timeout=0.02, name="own")
+    add_tool(registry, body, timeout=None, name="plain")
+    add_tool(registry, body, timeout=0.02, name="own")
 
     plain = registry.execute("plain")
     own = registry.execute("own")
@@ -263,7 +252,7 @@ def test_default_budget_applies_only_to_tools_that_declare_none(registry: ToolRe
 
 
 def test_deadline_is_closed_and_detached_when_the_policy_returns(
-    registry: ToolRegistry, timer: TimerHold
+    registry: ToolRegistry, clock: ManualClock
 ) -> None:
     caller = CancelSource()
     call_tokens: list[CancelToken] = []
@@ -273,12 +262,12 @@ def test_deadline_is_closed_and_detached_when_the_policy_returns(
     registry.add_around(spy)
     add_tool(registry, lambda args, ctx: "on time", timeout=SHORT)
 
-    result = registry.execute("t", token=caller.token)  # the timer is held: on time for sure
-    timer.release()
+    result = registry.execute("t", token=caller.token)  # the clock stands still: on time
+    clock.advance(3 * SHORT)  # well past the deadline's due time
 
     assert result.ok
     [budget] = spy.tokens
-    assert not budget.wait(3 * SHORT), "the deadline's timer fired after the policy closed it"
+    assert not budget.cancelled, "the deadline's timer fired after the policy closed it"
     assert holds_nothing(call_tokens[0])
     assert holds_nothing(caller.token)
 
@@ -288,7 +277,7 @@ def test_deadline_is_closed_and_detached_when_the_policy_returns(
 
 @pytest.mark.parametrize(("where", "code"), [("before the body", BEFORE), ("in the body", ABORTED)])
 def test_caller_cancel_first_stays_cancellation_after_the_deadline_passes(
-    registry: ToolRegistry, timer: TimerHold, where: str, code: ErrorCode
+    registry: ToolRegistry, clock: ManualClock, where: str, code: ErrorCode
 ) -> None:
     caller = CancelSource()
     reasons: list[object] = []
@@ -296,8 +285,7 @@ def test_caller_cancel_first_stays_cancellation_after_the_deadline_passes(
     def cancel_then_overrun(token: CancelToken) -> None:
         caller.cancel("user stop")
         reasons.append(token.reason)
-        timer.release()
-        time.sleep(1.5 * SHORT)  # uncooperative: the deadline's due time passes meanwhile
+        clock.advance(1.5 * SHORT)  # uncooperative: the deadline's due time passes meanwhile
 
     def in_wrapper(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
         if where == "before the body":
@@ -339,14 +327,14 @@ def test_caller_cancel_while_the_body_waits_is_aborted(registry: ToolRegistry) -
 
 @pytest.mark.parametrize("ending", ["returns", "raises Cancelled"])
 def test_deadline_first_then_caller_cancel_stays_tool_timeout(
-    registry: ToolRegistry, timer: TimerHold, ending: str
+    registry: ToolRegistry, clock: ManualClock, ending: str
 ) -> None:
     caller = CancelSource()
     gate = Gate()
     seen: list[object] = []
 
     def body(args: Any, ctx: ToolContext) -> str:
-        timer.release()
+        clock.advance(SHORT)
         seen.append(wait_for_deadline(ctx))
         gate.hold()  # the caller cancels here, after the deadline fired
         seen.append(caller.token.reason)
@@ -368,7 +356,7 @@ def test_deadline_first_then_caller_cancel_stays_tool_timeout(
 
 @pytest.mark.parametrize("outer_code", ["OUTER", "TOOL_TIMEOUT"])
 def test_outer_deadline_reads_as_plain_cancellation(
-    registry: ToolRegistry, timer: TimerHold, outer_code: str
+    registry: ToolRegistry, clock: ManualClock, outer_code: str
 ) -> None:
     """Only the policy's own timer makes TOOL_TIMEOUT, even if an outer one uses the same code."""
     seen: list[object] = []
@@ -384,7 +372,7 @@ def test_outer_deadline_reads_as_plain_cancellation(
                 dispatch.token = previous
 
     def body(args: Any, ctx: ToolContext) -> str:
-        timer.release()
+        clock.advance(0.05)  # the outer deadline's time; the policy's is LONG
         seen.append(wait_for_deadline(ctx))
         return "late"
 
@@ -401,13 +389,13 @@ def test_outer_deadline_reads_as_plain_cancellation(
 
 
 def test_nested_call_under_the_parent_deadline_is_aborted_and_the_parent_times_out(
-    registry: ToolRegistry, timer: TimerHold
+    registry: ToolRegistry, clock: ManualClock
 ) -> None:
     """For the nested call the parent's deadline is an outer one: plain cancellation."""
     observed = Observed()
 
     def inner(args: Any, ctx: ToolContext) -> object:
-        timer.release()
+        clock.advance(SHORT)  # the parent's deadline; the nested call's own is LONG
         return wait_for_deadline(ctx)
 
     registry.on_result(observed)
@@ -429,7 +417,7 @@ def test_nested_call_under_the_parent_deadline_is_aborted_and_the_parent_times_o
 
 @pytest.mark.parametrize("inner", ["on time", "timed out", "inner wrapper raises"])
 def test_outer_wrappers_and_post_hooks_get_their_own_token_back(
-    registry: ToolRegistry, inner: str
+    registry: ToolRegistry, clock: ManualClock, inner: str
 ) -> None:
     journal = Journal()
     strays: list[CancelSource] = []
@@ -451,6 +439,7 @@ def test_outer_wrappers_and_post_hooks_get_their_own_token_back(
 
     def body(args: Any, ctx: ToolContext) -> str:
         if inner == "timed out":
+            clock.advance(SHORT)
             wait_for_deadline(ctx)
         return "done"
 
@@ -483,12 +472,12 @@ def test_outer_wrappers_and_post_hooks_get_their_own_token_back(
 
 
 def test_uncooperative_body_is_joined_before_tool_timeout_is_returned(
-    registry: ToolRegistry, timer: TimerHold
+    registry: ToolRegistry, clock: ManualClock
 ) -> None:
     journal = Journal()
 
     def body(args: Any, ctx: ToolContext) -> str:
-        timer.release()
+        clock.advance(SHORT)
         wait_for_deadline(ctx)
         time.sleep(0.1)  # ignores the cancellation it has seen
         journal(("body ended", time.monotonic()))
@@ -505,11 +494,11 @@ def test_uncooperative_body_is_joined_before_tool_timeout_is_returned(
     (_, ended), observer = journal.entries
     assert observer == ("observer", TIMEOUT)
     assert ended <= returned
-    assert result.duration >= SHORT + 0.1
+    assert result.duration >= 0.1  # the body's own overrun, after its (manual) deadline
 
 
 def test_success_materialized_before_the_deadline_stays_a_success(
-    registry: ToolRegistry, timer: TimerHold
+    registry: ToolRegistry, clock: ManualClock
 ) -> None:
     """A wrapper inside the policy holds the body's success until the deadline has fired."""
     journal = Journal()
@@ -517,7 +506,7 @@ def test_success_materialized_before_the_deadline_stays_a_success(
     def holds_after_proceed(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
         result = proceed()
         journal(("proceed returned", result.ok, dispatch.token.cancelled))
-        timer.release()
+        clock.advance(SHORT)
         fired = dispatch.token.wait(WAIT)
         journal(("deadline fired", fired, dispatch.token.reason))
         return result
@@ -542,7 +531,7 @@ class _PreconditionFailed(Exception):
 
 
 def test_deadline_firing_after_the_body_returned_is_not_a_timeout(
-    registry: ToolRegistry, timer: TimerHold, monkeypatch: pytest.MonkeyPatch
+    registry: ToolRegistry, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The joining thread is held after the body returned, until the deadline fired.
 
@@ -556,7 +545,7 @@ def test_deadline_firing_after_the_body_returned_is_not_a_timeout(
     def join_then_linger(state: Any, ctx: BodyRun, submit: Any, interrupted: Any) -> Any:
         refused = real_run_body(state, ctx, submit, interrupted)
         if ctx._started and ctx._error is None:
-            timer.release()  # the body has returned: now let the deadline fire
+            clock.advance(SHORT)  # the body has returned: now the deadline fires
             if not ctx.token.wait(WAIT):
                 raise _PreconditionFailed("the deadline never fired")
             held.set()
@@ -578,7 +567,9 @@ def test_deadline_firing_after_the_body_returned_is_not_a_timeout(
     assert result.ok, result.content
 
 
-def test_deadline_while_queued_is_tool_timeout_and_the_body_never_starts() -> None:
+def test_deadline_while_queued_is_tool_timeout_and_the_body_never_starts(
+    clock: ManualClock,
+) -> None:
     blocker = Gate()
     journal = Journal()
 
@@ -588,8 +579,14 @@ def test_deadline_while_queued_is_tool_timeout_and_the_body_never_starts() -> No
         registry.add_around(TimeoutPolicy())
         occupying = Caller(lambda: registry.execute("blocker"))
         blocker.wait_reached()  # the only worker is busy: the timed body can only queue
+        timed = Caller(lambda: registry.execute("t"))
+        wait_until(
+            lambda: any(c.call.name == "t" and c.stage == "body" for c in registry.in_flight()),
+            "the timed call to reach its body",
+        )
+        clock.advance(SHORT)
 
-        result = registry.execute("t")
+        result = timed.join()
 
         blocker.release()
         assert occupying.join().ok
@@ -599,10 +596,10 @@ def test_deadline_while_queued_is_tool_timeout_and_the_body_never_starts() -> No
 
 
 def test_failure_the_body_reports_after_the_deadline_stays(
-    registry: ToolRegistry, timer: TimerHold
+    registry: ToolRegistry, clock: ManualClock
 ) -> None:
     def body(args: Any, ctx: ToolContext) -> None:
-        timer.release()
+        clock.advance(SHORT)
         wait_for_deadline(ctx)
         raise ValueError("disk full")
 
@@ -616,11 +613,11 @@ def test_failure_the_body_reports_after_the_deadline_stays(
 
 @pytest.mark.parametrize("ending", ["returns", "raises Cancelled"])
 def test_deferred_contexts_are_kept_in_the_timeout(
-    registry: ToolRegistry, timer: TimerHold, ending: str
+    registry: ToolRegistry, clock: ManualClock, ending: str
 ) -> None:
     def body(args: Any, ctx: ToolContext) -> str:
         ctx.defer_context("before")
-        timer.release()
+        clock.advance(SHORT)
         wait_for_deadline(ctx)
         ctx.defer_context({"after": True})
         if ending == "raises Cancelled":
@@ -701,24 +698,41 @@ def test_backoff_doubles_each_retry_or_comes_from_the_callable() -> None:
     ]
 
 
-def test_waits_at_least_the_doubling_backoff_between_attempts(registry: ToolRegistry) -> None:
+def test_waits_the_doubling_backoff_between_attempts(registry: ToolRegistry) -> None:
     journal = Journal()
+    waits = Waits(journal)
 
     def body(args: Any, ctx: ToolContext) -> None:
-        journal(("start", time.monotonic()))
-        journal(("end", time.monotonic()))
+        journal("start")
+        journal("end")
         raise ValueError("flaky")
 
-    registry.add_around(RetryPolicy(attempts=3, backoff=0.01))
+    registry.add_around(RetryPolicy(attempts=3, backoff=0.01, wait=waits))
     add_tool(registry, body, timeout=None)
 
     result = registry.execute("t")
 
     assert result.code == TOOL_ERROR
-    times = [at for _, at in journal.entries]
-    assert [kind for kind, _ in journal.entries] == ["start", "end"] * 3
-    gaps = [times[2] - times[1], times[4] - times[3]]
-    assert gaps[0] >= 0.01 - 1e-3 and gaps[1] >= 0.02 - 1e-3, gaps
+    assert journal.entries == [
+        *("start", "end", ("wait", 0.01)),
+        *("start", "end", ("wait", 0.02)),
+        *("start", "end"),
+    ]
+
+
+def test_the_default_wait_sleeps_on_the_token_for_the_backoff() -> None:
+    source = CancelSource()
+    policy = RetryPolicy(backoff=0.01)
+    started = time.monotonic()
+    assert policy.wait(source.token, 0.01) is False
+    assert time.monotonic() - started >= 0.01 - 1e-3
+    source.cancel("stop")
+    assert policy.wait(source.token, LONG) is True  # a cancelled token ends it at once
+
+
+def test_wait_must_be_callable() -> None:
+    with pytest.raises(TypeError, match="wait"):
+        RetryPolicy(wait=0.1)  # type: ignore[arg-type]
 
 
 # -- RetryPolicy: what is retried ------------------------------------------------------------------
@@ -842,12 +856,12 @@ def test_never_retries_results_other_than_matching_tool_errors(
     assert result.code == kind.split(" ")[0]
 
 
-def test_a_real_tool_timeout_is_not_retried(registry: ToolRegistry, timer: TimerHold) -> None:
+def test_a_real_tool_timeout_is_not_retried(registry: ToolRegistry, clock: ManualClock) -> None:
     journal = Journal()
 
     def body(args: Any, ctx: ToolContext) -> None:
         journal("run")
-        timer.release()
+        clock.advance(SHORT)
         wait_for_deadline(ctx)
 
     registry.add_around(RetryPolicy(attempts=3, backoff=0))
@@ -897,7 +911,7 @@ def test_never_retries_once_the_caller_cancelled(registry: ToolRegistry) -> None
     result = registry.execute("t", token=caller.token)
 
     assert journal.entries == ["run"]
-    # A failure is more specific than the cancellation and stays (API.md section 4).
+    # A failure is more specific than the cancellation and stays (docs/contract.md, section 4).
     assert (result.code, result.content) == (
         TOOL_ERROR,
         "Error: ValueError: failed while being cancelled",
@@ -1114,19 +1128,21 @@ def test_a_huge_backoff_waits_until_cancelled(registry: ToolRegistry) -> None:
 # -- composition -----------------------------------------------------------------------------------
 
 
-def test_timeout_per_attempt_when_retry_is_outside(registry: ToolRegistry) -> None:
+def test_timeout_per_attempt_when_retry_is_outside(
+    registry: ToolRegistry, clock: ManualClock
+) -> None:
     """Retry registered first (outer), Timeout inner: each attempt gets a deadline of its own.
 
-    The first attempt runs past its deadline's due time and then fails on its own (a failure
-    the body reports stays a failure); the retry runs the second attempt under a fresh
-    deadline, which it beats. (A timed-out attempt, though, is final: see
-    test_a_real_tool_timeout_is_not_retried.)
+    Each attempt uses 60% of the budget: one shared deadline would fire in the second attempt,
+    one per attempt does not. The first attempt fails; its deadline is closed with it and never
+    fires, even once the clock is far past its due time, and the second attempt runs under a new
+    one. (A timed-out attempt, though, is final: see test_a_real_tool_timeout_is_not_retried.)
     """
     spy = TokenSpy()
 
     def body(args: Any, ctx: ToolContext) -> str:
+        clock.advance(0.6 * SHORT)
         if len(spy.tokens) == 1:
-            assert ctx.token.wait(WAIT)  # past the first deadline
             raise ValueError("flaky")
         return "second attempt"
 
@@ -1136,24 +1152,28 @@ def test_timeout_per_attempt_when_retry_is_outside(registry: ToolRegistry) -> No
     add_tool(registry, body, timeout=SHORT)
 
     result = registry.execute("t")
+    clock.advance(3 * SHORT)
 
     assert result.ok and result.value == "second attempt"
     first, second = spy.tokens
     assert first is not second  # a deadline per attempt
-    assert timeout_of(first, "TOOL_TIMEOUT") is not None  # the first one's own due time passed
-    assert not second.wait(3 * SHORT)  # closed when its attempt ended: it never fires
+    assert not first.cancelled and not second.cancelled  # closed: they never fire
 
 
-def test_timeout_over_all_attempts_when_retry_is_inside(registry: ToolRegistry) -> None:
+def test_timeout_over_all_attempts_when_retry_is_inside(
+    registry: ToolRegistry, clock: ManualClock
+) -> None:
     """Timeout registered first (outer), Retry inner: the attempts share one deadline.
 
-    The first attempt fails at once; the second runs under the same deadline, which fires at
-    the first attempt's due time: the second attempt does not get a fresh budget.
+    Each attempt uses 60% of the budget. The first fails; the second runs under the same
+    deadline, which fires during it: the second attempt does not get a fresh budget (a fresh
+    one would still have 40% left, and the body would wait for it in vain).
     """
     spy = TokenSpy()
     journal = Journal()
 
     def body(args: Any, ctx: ToolContext) -> str:
+        clock.advance(0.6 * SHORT)
         if len(spy.tokens) == 1:
             raise ValueError("flaky")
         journal(wait_for_deadline(ctx))
@@ -1173,7 +1193,7 @@ def test_timeout_over_all_attempts_when_retry_is_inside(registry: ToolRegistry) 
 
 
 def test_budget_expiring_during_the_backoff_returns_the_last_error(
-    registry: ToolRegistry, timer: TimerHold
+    registry: ToolRegistry, clock: ManualClock
 ) -> None:
     """Timeout outer, Retry inner: the shared deadline ends the backoff at once.
 
@@ -1181,17 +1201,20 @@ def test_budget_expiring_during_the_backoff_returns_the_last_error(
     reclassifies a cancellation, and the retry returned the failure it had.
     """
     journal = Journal()
+    backoff = SlowBackoff(LONG)
 
     def body(args: Any, ctx: ToolContext) -> None:
         journal("run")
-        timer.release()
         raise ValueError("flaky")
 
     registry.add_around(TimeoutPolicy())
-    registry.add_around(RetryPolicy(attempts=3, backoff=LONG))
+    registry.add_around(RetryPolicy(attempts=3, backoff=backoff))
     add_tool(registry, body, timeout=SHORT)
+    call = Caller(lambda: registry.execute("t"))
+    assert backoff.waiting.wait(WAIT)  # the backoff begins (or is about to): now it expires
+    clock.advance(SHORT)
 
-    result = registry.execute("t")
+    result = call.join()
 
     assert journal.entries == ["run"]
     assert (result.code, result.content) == (TOOL_ERROR, "Error: ValueError: flaky")

@@ -647,6 +647,34 @@ def test_inherited_environment_drops_secret_names(monkeypatch: pytest.MonkeyPatc
     assert set(SECRETS).isdisjoint(scrubbed_env()) and "TOOLREG_VISIBLE" in scrubbed_env()
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "dropped"),
+    [
+        ("DATABASE_URL", "postgres://app:hunter2@db/app", True),
+        ("REDIS_URL", "redis://:hunter2@cache:6379/0", True),
+        ("MIRRORS", "https://a.example/simple https://u:p@b.example/simple", True),
+        ("GITHUB_PAT", "x", True),
+        ("smtp_pass", "x", True),
+        ("DB_PWD", "x", True),
+        ("PROXY_AUTH", "x", True),
+        ("GPG_PASSPHRASE", "x", True),
+        ("GIT_REMOTE", "ssh://git@github.com/org/repo", False),  # a user, no password
+        ("HOMEPAGE", "https://example.com/a:b@c", False),  # '@' in the path, not user-info
+        ("CONTACT", "user:name@example.com", False),  # no scheme://
+        ("PATHWAY", "x", False),  # PAT inside a word, not a suffix
+        ("COMPASS", "x", False),
+    ],
+)
+def test_inherited_environment_drops_credentials_in_values_and_token_suffixes(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, dropped: bool
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert (name not in scrubbed_env()) is dropped
+    result = run([PY, "-c", PRINT_ENV], token=NEVER)
+    assert result.stdout is not None
+    assert (name not in json.loads(result.stdout)) is dropped
+
+
 def test_explicit_environment_is_used_as_given(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOOLREG_VISIBLE", "yes")
     result = run([PY, "-c", PRINT_ENV], token=NEVER, env={"API_KEY": "k", "PLAIN": "p"})
@@ -694,8 +722,11 @@ def test_missing_program_or_directory_raises_before_anything_runs(tmp_path: Path
         ({"timeout": float("nan")}, ValueError),
         ({"timeout": float("inf")}, ValueError),
         ({"timeout": "1"}, TypeError),
+        ({"timeout": 10**400}, ValueError),  # too large for a float: never OverflowError
+        ({"timeout": True}, TypeError),
         ({"grace": -0.1}, ValueError),
         ({"grace": float("inf")}, ValueError),
+        ({"grace": 10**400}, ValueError),
         ({"max_output": -1}, ValueError),
         ({"max_output": 1.5}, TypeError),
     ],
@@ -704,6 +735,14 @@ def test_bad_arguments_are_rejected(kwargs: dict[str, object], error: type[Excep
     arguments: dict[str, object] = {"token": NEVER, **kwargs}
     with pytest.raises(error):
         run(["true"], **arguments)  # type: ignore[call-overload]
+
+
+def test_a_huge_but_finite_timeout_or_grace_is_waited_for_in_slices() -> None:
+    # poll() takes milliseconds as a C int: a timeout of centuries must not overflow it.
+    assert run(sh("exit 0"), token=NEVER, timeout=1e300, grace=1e300).ok
+    source = CancelSource()
+    source.cancel("stop")
+    assert run(sh("exit 0"), token=source.token, timeout=1e300).cancelled
 
 
 def test_empty_args_are_rejected() -> None:

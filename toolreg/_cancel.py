@@ -22,16 +22,21 @@ Design rules (each one answers a known trap, see docs/contract.md):
 * `token.cancelled` is a plain attribute read. Critical sections allocate no garbage-collected
   object (a collection there could run a finalizer that needs the same lock) and never call user
   code; our finalizers (`TimerEntry._died`) never take a lock.
-* One shared daemon timer thread serves every deadline in the process (`_timer`).
+* One shared daemon timer thread serves every deadline in the process (`_timer`). It fires a
+  deadline by marking its subtree cancelled (so `.cancelled`, `.reason` and `.wait()` see the
+  deadline on time) and hands the callbacks to the `toolreg-callbacks` threads (`_jobs`): a slow
+  callback never delays another deadline, and a blocked one never holds up the callbacks of
+  other deadlines. A lazy deadline nobody listens to never reaches the timer at all.
+* Time comes from `_now` (`time.monotonic`), which `manual_clock()` replaces in tests.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import logging
-import math
 import threading
 import time
 import weakref
@@ -40,7 +45,9 @@ from dataclasses import dataclass
 
 from typing_extensions import Self
 
-from ._timer import Timer, TimerEntry
+from . import _validate
+from ._jobs import JobThreads
+from ._timer import ManualClock, Timer, TimerEntry
 
 __all__ = [
     "CancelSource",
@@ -55,6 +62,12 @@ __all__ = [
 logger = logging.getLogger("toolreg")
 
 _next_key = itertools.count().__next__  # dict keys for listeners; next() is atomic under the GIL
+
+# What a callback may raise through `cancel()` / `on_cancel()` (after the other callbacks ran);
+# anything else it raises is logged.
+_INTERRUPTS = (KeyboardInterrupt, SystemExit)
+
+_now = time.monotonic  # the clock of every due time and cancellation moment; see manual_clock()
 
 # Listener states.
 _PENDING, _RUNNING, _DONE, _REMOVED = range(4)
@@ -165,7 +178,9 @@ class _Listener(Registration):
         try:
             if fn is not None:
                 fn()
-        except (Exception, Cancelled):  # Ctrl-C and SystemExit propagate, after the others
+        except _INTERRUPTS:  # Ctrl-C and SystemExit propagate, after the other callbacks
+            raise
+        except BaseException:  # asyncio.CancelledError, GeneratorExit, ...: a callback's bug
             logger.exception("toolreg: cancel callback %r raised", fn)
         finally:
             with token._lock:
@@ -290,10 +305,14 @@ class CancelToken:
         """Run `callback()` once when the token is cancelled; return its `Registration`.
 
         If the token is already cancelled, the callback runs now, in this thread, before
-        `on_cancel` returns. Otherwise it runs in the thread that cancels (or the timer thread),
-        after the token (and every token linked below it) reads as cancelled, in registration
-        order, with no toolreg lock held. A callback that raises is logged on the `toolreg`
-        logger; the others still run.
+        `on_cancel` returns. Otherwise it runs in the thread that calls `cancel()`, after the
+        token (and every token linked below it) reads as cancelled, in registration order, with
+        no toolreg lock held. A deadline's timer thread never runs callbacks: when a deadline
+        fires, its tokens read as cancelled at once and their callbacks run soon after on a
+        ``toolreg-callbacks`` daemon thread (a callback that blocks there lets the callbacks of
+        other deadlines run on another one). A callback that raises is logged on the `toolreg`
+        logger and the others still run; only `KeyboardInterrupt` and `SystemExit` propagate
+        (out of `cancel()` or this call), after the other callbacks ran.
         """
         if not callable(callback):
             raise TypeError(f"on_cancel() needs a callable, got {type(callback).__name__}")
@@ -397,7 +416,7 @@ class CancelToken:
 
         `at` is when the cancellation happened, for one resolved lazily (default: now).
         """
-        when = time.monotonic() if at is None else at
+        when = _now() if at is None else at
         with self._lock:
             if self._cancelled or (self._closed and (from_parent or from_timer)):
                 return None
@@ -461,7 +480,7 @@ class CancelToken:
                 self._link_to(pending)
             if due is not None and why is not None and not self._cancelled:
                 reason = TimeoutReason(*why)
-                remaining = due - time.monotonic()
+                remaining = due - _now()
                 if remaining <= 0:
                     _cancel(self, reason, from_timer=True, at=due)
                 else:
@@ -537,12 +556,45 @@ _NEVER = _new_token(_NeverToken)
 def _cancel(
     token: CancelToken, reason: object, from_timer: bool = False, at: float | None = None
 ) -> bool:
-    """Cancel `token` and its linked subtree; run their callbacks. True if it was live."""
-    marked = token._mark(reason, from_timer, False, at)
+    """Cancel `token` and its linked subtree; run their callbacks here. True if it was live.
+
+    `from_timer`: its own due time passed (a lazy deadline read late); `at`: when that was.
+    """
+    marked = _mark_tree(token, reason, from_timer, at)
     if marked is None:
         return False
+    callbacks, interrupted = marked
+    try:
+        if callbacks:
+            _run_callbacks(callbacks)
+    finally:
+        if interrupted is not None:
+            raise interrupted
+    return True
+
+
+def _fire(token: CancelToken, reason: TimeoutReason) -> None:
+    """The timer's action: mark the subtree cancelled now, run its callbacks elsewhere."""
+    marked = _mark_tree(token, reason, True, None)
+    if marked is not None and marked[0]:
+        _CALLBACKS.call_soon(functools.partial(_run_callbacks, marked[0]))
+
+
+_NOTHING_TO_RUN: tuple[list[_Listener], None] = ([], None)
+
+
+def _mark_tree(
+    token: CancelToken, reason: object, from_timer: bool, at: float | None
+) -> tuple[list[_Listener], BaseException | None] | None:
+    """Mark `token` and its linked subtree cancelled; None if it was not live.
+
+    Returns the callbacks to run, in registration order, and a Ctrl-C that landed meanwhile.
+    """
+    marked = token._mark(reason, from_timer, False, at)
+    if marked is None:
+        return None
     if marked == (None, None):
-        return True  # nothing linked below it, nothing registered: the common, lazy case
+        return _NOTHING_TO_RUN  # nothing linked below it, nothing registered: the lazy case
     pending = [marked]
     callbacks: dict[int, _Listener] = {}
     interrupted: BaseException | None = None
@@ -552,12 +604,7 @@ def _cancel(
             break
         except BaseException as exc:  # a Ctrl-C mid-walk: the walk is idempotent, finish it
             interrupted = interrupted or exc
-    try:
-        _run_callbacks(list(callbacks.values()))
-    finally:
-        if interrupted is not None:
-            raise interrupted
-    return True
+    return list(callbacks.values()), interrupted
 
 
 def _mark_subtree(pending: list[_Marked], callbacks: dict[int, _Listener], reason: object) -> None:
@@ -593,18 +640,6 @@ def _run_callbacks(callbacks: list[_Listener]) -> None:
         raise first_error
 
 
-def _check_seconds(seconds: object, what: str) -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, got {type(seconds).__name__}")
-    try:
-        value = float(seconds)
-    except OverflowError:
-        value = math.inf
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} must be a positive, finite number of seconds, got {seconds!r}")
-    return value
-
-
 class CancelSource:
     """Owns a cancellation: `cancel(reason)` cancels `.token` and every token linked below it.
 
@@ -624,7 +659,7 @@ class CancelSource:
     __slots__ = ("__weakref__", "_token")
 
     def __init__(self, *parents: CancelToken, timeout: float | None = None) -> None:
-        self._token = _new_source_token(parents, timeout, "TIMEOUT")
+        self._token = _new_source_token(parents, timeout, "TIMEOUT", "timeout")
 
     @property
     def token(self) -> CancelToken:
@@ -641,7 +676,8 @@ class CancelSource:
         """Cancel the token and its linked descendants; True only for the call that cancelled.
 
         The first reason wins. Callbacks run in this thread, after every linked token reads as
-        cancelled; one that raises is logged and never makes `cancel()` raise.
+        cancelled; one that raises is logged and does not make `cancel()` raise, except for a
+        `KeyboardInterrupt` or `SystemExit`, re-raised once the other callbacks ran.
         """
         return _cancel(self._token, reason)
 
@@ -662,12 +698,17 @@ class CancelSource:
         return f"<CancelSource {token._state_repr()}{timed}{closed}>"
 
 
-def _new_source_token(parents: tuple[object, ...], seconds: object, code: str) -> CancelToken:
+def _new_source_token(
+    parents: tuple[object, ...], seconds: object, code: str, what: str
+) -> CancelToken:
     for parent in parents:
         if not isinstance(parent, CancelToken):
-            hint = " (pass source.token)" if isinstance(parent, CancelSource) else ""
-            raise TypeError(f"parents must be CancelTokens, got {type(parent).__name__}{hint}")
-    timeout = None if seconds is None else _check_seconds(seconds, "timeout")
+            _validate.token(parent, "a parent")  # raises the TypeError that says why
+    timeout = (
+        None
+        if seconds is None
+        else _validate.seconds(seconds, what, unlimited="pass None for no timer")
+    )
     token = _new_token()
     # Lazy: remember the parents and the due time; linking and arming wait for a listener.
     if parents:
@@ -680,7 +721,7 @@ def _new_source_token(parents: tuple[object, ...], seconds: object, code: str) -
                 token._pending = linked  # type: ignore[assignment]
     if timeout is not None:
         token._due_reason = (code, timeout)
-        token._due = time.monotonic() + timeout
+        token._due = _now() + timeout
     return token
 
 
@@ -696,7 +737,7 @@ def deadline(
         raise TypeError(f"code must be a str, got {type(code).__name__}")
     source = CancelSource.__new__(CancelSource)
     parents: tuple[object, ...] = () if parent is None else (parent,)
-    source._token = _new_source_token(parents, seconds, code)
+    source._token = _new_source_token(parents, seconds, code, "seconds")
     return source
 
 
@@ -740,7 +781,7 @@ def _resolve(token: CancelToken) -> bool:
 
 def _resolve_graph(token: CancelToken) -> bool:
     """`_resolve` over any ancestry of lazy tokens, iteratively (any depth, any fan-in)."""
-    now = time.monotonic()
+    now = _now()
     causes: dict[int, tuple[float, object, bool] | None] = {}  # id -> (when, reason, by timer)
     order: list[CancelToken] = []  # lazy tokens, parents before children
     stack = [token]
@@ -845,8 +886,27 @@ _gc_pauses = 0
 _gc_was_enabled = False
 
 
-def _fire(token: CancelToken, reason: TimeoutReason) -> None:
-    _cancel(token, reason, from_timer=True)
+# Runs the callbacks of fired deadlines; its threads start with the timer's, never on it.
+_CALLBACKS = JobThreads("toolreg-callbacks")
+_TIMER = Timer(_fire, on_start=_CALLBACKS.start)
 
 
-_TIMER = Timer(_fire)
+@contextlib.contextmanager
+def manual_clock() -> Iterator[ManualClock]:
+    """For tests: time stands still until `advance()`; deadlines then fire exactly when due.
+
+    Inside, every due time and cancellation moment is read from the clock, and deadlines made
+    eager (a listener, a wait) are scheduled on a timer that `advance()` serves in the calling
+    thread; lazy ones read as cancelled once the clock passes their due time. Deadlines made
+    before keep the real timer; callbacks of fired deadlines still run on the
+    ``toolreg-callbacks`` threads, as in production.
+    """
+    global _TIMER, _now
+    clock = ManualClock()
+    previous, _TIMER = _TIMER, Timer(_fire, clock=clock)
+    previous_now, _now = _now, clock
+    try:
+        yield clock
+    finally:
+        _TIMER = previous
+        _now = previous_now

@@ -16,12 +16,12 @@ Composition follows registration order (the first registered is the outermost)::
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from ._cancel import CancelSource, deadline
+from . import _validate
+from ._cancel import CancelSource, CancelToken, deadline
 from ._hooks import Dispatch, Proceed
 from ._results import ErrorCode, ToolResult
 
@@ -39,20 +39,20 @@ class TimeoutPolicy:
     and a timer that fires after `proceed()` returned changes nothing.
 
     The result becomes `TOOL_TIMEOUT` (content `"Error: tool call timed out after <t>s"`) only
-    when this deadline's own timer fired (`timed_out`) and the call was cancelled because of it:
-    a caller that cancelled first gets `ABORTED`, an outer deadline reads as plain cancellation,
-    and a failure the body reported itself stays. A body that ignores the deadline is still
-    joined: its `TOOL_TIMEOUT` comes back only once it has returned.
+    when this deadline's own timer fired (`timed_out`) before the call's token
+    (`dispatch.call_token`: the caller's, plus `close()` and Ctrl-C) was cancelled: a caller
+    that cancelled first gets `ABORTED`, even under an outer wrapper that put an unrelated
+    token in `dispatch.token` and even if the deadline comes due while the body cleans up; an
+    outer deadline reads as plain cancellation; a failure the body reported itself stays. A
+    body that ignores the deadline is still joined: its `TOOL_TIMEOUT` comes back only once it
+    has returned.
     """
 
     def __init__(self, code: str = "TOOL_TIMEOUT", *, default: float | None = None) -> None:
         if not isinstance(code, str) or not code:
             raise TypeError("code must be a non-empty str")
         if default is not None:
-            if not _is_number(default):
-                raise TypeError(f"default must be seconds (int or float), got {default!r}")
-            if not (math.isfinite(default) and default > 0):
-                raise ValueError(f"default must be positive, finite seconds, got {default!r}")
+            _validate.seconds(default, "default", unlimited="pass None for no default timeout")
         self.code = code
         self.default = default
 
@@ -61,12 +61,19 @@ class TimeoutPolicy:
         if seconds is None:
             return proceed()
         previous = dispatch.token
-        budget = deadline(previous, seconds, self.code)
+        call_token = dispatch.call_token
+        # The deadline also follows the call's token, so a caller who cancels first cancels it
+        # (with the caller's reason, never `timed_out`) even when an outer wrapper replaced
+        # `dispatch.token` with a token the caller does not reach.
+        follows = None if previous is call_token else CancelSource(previous, call_token)
+        budget = deadline(previous if follows is None else follows.token, seconds, self.code)
         dispatch.token = budget.token
         try:
             result = proceed()
         finally:
             budget.close()  # disarm first: from here on the timer cannot fire
+            if follows is not None:
+                follows.close()
             dispatch.token = previous
         if budget.timed_out and result.code in _CANCELLATIONS:
             message = f"tool call timed out after {format(seconds, 'g')}s"
@@ -78,10 +85,15 @@ class TimeoutPolicy:
 
 
 Backoff = float | Callable[[int], float]
+Wait = Callable[[CancelToken, float], bool]
 
 
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _wait_on(token: CancelToken, seconds: float) -> bool:
+    return token.wait(seconds)
 
 
 class RetryPolicy:
@@ -94,6 +106,11 @@ class RetryPolicy:
     an instance of `retry_on` are retried: never `ABORTED`, `ABORTED_BEFORE_DISPATCH`,
     `TOOL_TIMEOUT`, denials or hook errors. The last attempt's result stands. Every attempt's
     body is joined before the next starts.
+
+    `wait(token, seconds) -> bool` is how the backoff waits (default: `token.wait(seconds)`):
+    block until `token` is cancelled or `seconds` passed, and return True if it was cancelled.
+    It runs on the thread running the call, like `tenacity`'s `sleep=`; tests pass one that
+    records the delays and returns at once.
     """
 
     def __init__(
@@ -101,20 +118,24 @@ class RetryPolicy:
         attempts: int = 3,
         backoff: Backoff = 0.1,
         retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+        *,
+        wait: Wait = _wait_on,
     ) -> None:
         if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
             raise ValueError(f"attempts must be an int >= 1, got {attempts!r}")
         if not callable(backoff):
             if not _is_number(backoff):
                 raise TypeError(f"backoff must be seconds or a callable, got {backoff!r}")
-            if not (math.isfinite(backoff) and backoff >= 0):
-                raise ValueError(f"backoff must be finite seconds >= 0, got {backoff!r}")
+            _validate.seconds(backoff, "backoff", allow_zero=True)
+        if not callable(wait):
+            raise TypeError(f"wait must be callable, got {type(wait).__name__}")
         kinds: tuple[object, ...] = (retry_on,) if isinstance(retry_on, type) else tuple(retry_on)
         if not all(isinstance(kind, type) and issubclass(kind, BaseException) for kind in kinds):
             raise TypeError("retry_on must be an exception type or a tuple of them")
         self.attempts = attempts
         self.backoff = backoff
         self.retry_on: tuple[type[BaseException], ...] = kinds  # type: ignore[assignment]
+        self.wait = wait
 
     def delay(self, retry: int) -> float:
         """Seconds to wait before retry number `retry` (1 for the second attempt).
@@ -124,11 +145,12 @@ class RetryPolicy:
         """
         if callable(self.backoff):
             seconds = self.backoff(retry)
-            if not _is_number(seconds) or math.isnan(seconds) or seconds < 0:
+            # `seconds != seconds` is NaN; unlike math.isnan it cannot overflow on a huge int.
+            if not _is_number(seconds) or seconds != seconds or seconds < 0:
                 raise ValueError(f"backoff({retry}) returned {seconds!r}, not seconds >= 0")
         else:
             seconds = float(self.backoff) * 2.0 ** min(retry - 1, 1023)
-        return min(float(seconds), threading.TIMEOUT_MAX)
+        return float(min(seconds, threading.TIMEOUT_MAX))  # compared exactly, even a huge int
 
     def __call__(self, dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
         attempt = 1
@@ -136,7 +158,7 @@ class RetryPolicy:
         while attempt < self.attempts and self._retryable(result):
             # The call's token, not just the caller's: close() and Ctrl-C end the wait too.
             with CancelSource(dispatch.token, dispatch.call_token) as waiter:
-                if waiter.token.cancelled or waiter.token.wait(self.delay(attempt)):
+                if waiter.token.cancelled or self.wait(waiter.token, self.delay(attempt)):
                     return result
             attempt += 1
             result = proceed()

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
+from . import _validate
 from ._batch import Progress, execute_batch
 from ._body import as_call
 from ._call import CallMode, Stage
-from ._cancel import CancelSource, CancelToken, Registration
+from ._cancel import CancelToken, Registration
 from ._catalog import Catalog, SchemaStyle, ToolTable
 from ._dispatch import Dispatcher
 from ._hooks import (
@@ -90,7 +90,10 @@ class ToolRegistry:
         thread_name_prefix: str = "toolreg",
         overdue_after: float | None = 30.0,
     ) -> None:
-        _check_overdue_after(overdue_after)
+        if overdue_after is not None:  # infinity is refused too: None is how to disable it
+            overdue_after = _validate.seconds(
+                overdue_after, "overdue_after", unlimited="None disables it"
+            )
         if executor is None:
             workers = DEFAULT_MAX_WORKERS if max_workers is None else max_workers
             executor = WorkerPool(workers, thread_name_prefix)
@@ -371,10 +374,9 @@ def as_token(token: object) -> CancelToken:
     """The caller's token: None means never cancelled; anything else must be a token."""
     if token is None:
         return CancelToken.never()
-    if not isinstance(token, CancelToken):
-        hint = " (pass source.token)" if isinstance(token, CancelSource) else ""
-        raise TypeError(f"token must be a CancelToken, got {type(token).__name__}{hint}")
-    return token
+    if type(token) is CancelToken:
+        return token
+    return _validate.token(token, "token")
 
 
 def progress_sink(progress: object) -> ProgressSink | None:
@@ -407,24 +409,6 @@ _LONGEST_WAIT = 1e9  # seconds (~31 years): longer waits mean "forever"
 def _check_callable(fn: object, what: str) -> None:
     if not callable(fn):
         raise TypeError(f"the {what} must be callable, got {type(fn).__name__}")
-
-
-def _check_overdue_after(overdue_after: object) -> None:
-    if overdue_after is None:
-        return
-    if isinstance(overdue_after, bool) or not isinstance(overdue_after, (int, float)):
-        raise TypeError(
-            f"overdue_after must be seconds or None, got {type(overdue_after).__name__}"
-        )
-    try:
-        finite = math.isfinite(overdue_after)
-    except OverflowError:
-        finite = False
-    if not finite or overdue_after <= 0:
-        raise ValueError(
-            f"overdue_after must be positive, finite seconds (None disables the warning), "
-            f"got {overdue_after!r}"
-        )
 
 
 def _check_executor(executor: object) -> None:

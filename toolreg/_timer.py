@@ -3,8 +3,15 @@
 No thread or `threading.Timer` per token: a deadline is a heap entry holding its token weakly
 (a source dropped without `close()` can be collected; its entry is then skipped). Disarmed
 entries are dropped lazily and the heap is compacted in place once they make up half of it. The
-thread is started on first use, survives anything a callback does, caps each wait (a deadline
+thread is started on first use, survives anything `fire` does, caps each wait (a deadline
 centuries away must not overflow `Condition.wait`), and is replaced in a forked child.
+
+`fire` must be quick and must not run user code: `_cancel` marks the token cancelled there and
+hands its callbacks to other threads, so one slow callback never delays another deadline.
+
+Time is injectable: `Timer(fire, clock=ManualClock())` runs no thread at all, and
+`clock.advance(seconds)` fires every deadline due by then, in due order, in the calling thread.
+Tests use it to fire deadlines exactly when they mean to.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 
 from typing_extensions import Self
 
-__all__ = ["Timer", "TimerEntry"]
+__all__ = ["ManualClock", "Timer", "TimerEntry"]
 
 logger = logging.getLogger("toolreg")
 
@@ -60,13 +67,58 @@ class TimerEntry(weakref.ref):  # type: ignore[type-arg]
         entry.disarm()
 
 
-class Timer:
-    """The process-wide timer: one daemon thread and a heap of deadlines."""
+class ManualClock:
+    """A clock that moves only when told: the seam for deterministic tests of deadlines.
 
-    def __init__(self, fire: Callable[[Any, Any], None]) -> None:
-        self._fire = fire  # fire(token, reason): cancels the token as its own timer
+    A `Timer` built on it starts no thread. `advance(seconds)` moves the time forward, then
+    fires every deadline due by then, in due order, in the calling thread; it returns once they
+    were fired (their tokens read as cancelled; their callbacks are handed over as usual).
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+        self._timers: list[Timer] = []
+
+    def __call__(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move the time forward by `seconds` and fire what came due."""
+        if not seconds >= 0:
+            raise ValueError(f"a clock only moves forward, got {seconds!r}")
+        self._now += seconds
+        for timer in self._timers:
+            timer.fire_due()
+
+    def attach(self, timer: Timer) -> None:
+        self._timers.append(timer)
+
+
+class Timer:
+    """A heap of deadlines served by one daemon thread (or by a `ManualClock`'s `advance`).
+
+    `fire(token, reason)` cancels a due token as its own timer. `on_start()`, if given, runs in
+    the thread that starts the timer thread, just before (it starts the threads that run the
+    callbacks, so the timer thread never has to).
+    """
+
+    def __init__(
+        self,
+        fire: Callable[[Any, Any], None],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_start: Callable[[], None] | None = None,
+    ) -> None:
+        self._fire = fire
+        self._clock = clock
+        self._on_start = on_start
+        self._manual = isinstance(clock, ManualClock)
         self._reset()
-        os.register_at_fork(after_in_child=self._after_fork)
+        if isinstance(clock, ManualClock):
+            clock.attach(self)
+        else:
+            after_fork = weakref.WeakMethod(self._after_fork)
+            os.register_at_fork(after_in_child=lambda: _call_if_alive(after_fork))
 
     def _reset(self) -> None:
         # Guards _heap and _thread. No GC-sensitive work is done while holding it beyond heap
@@ -86,7 +138,7 @@ class Timer:
 
     def schedule(self, token: Any, seconds: float, reason: Any) -> TimerEntry:
         entry = TimerEntry(token, reason, self)
-        item = (time.monotonic() + seconds, _next_key(), entry)
+        item = (self._clock() + seconds, _next_key(), entry)
         with self._cond:
             heap = self._heap
             if self.dead_count > 64 and self.dead_count * 2 > len(heap):
@@ -95,27 +147,49 @@ class Timer:
             heapq.heappush(heap, item)
             if heap[0] is item:
                 self._cond.notify()
-            if self._thread is None:
-                self._start()
+            start = self._thread is None and not self._manual
+            if start:
+                self._thread = threading.current_thread()  # claimed: only one thread starts it
+        if start:
+            self._start()
         return entry
 
     def _start(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
         thread = threading.Thread(target=self._serve, name="toolreg-timer", daemon=True)
-        self._thread = thread
+        with self._cond:
+            self._thread = thread
         thread.start()
+
+    def fire_due(self) -> None:
+        """Fire every entry due by now, in due order, in this thread (the manual clock's way)."""
+        while True:
+            with self._cond:
+                entry = self._pop_due()
+            if entry is None:
+                return
+            self._fire_entry(entry)
+
+    def _pop_due(self) -> TimerEntry | None:
+        heap = self._heap
+        while heap and heap[0][2].dead:
+            heapq.heappop(heap)
+        if heap and heap[0][0] <= self._clock():
+            return heapq.heappop(heap)[2]
+        return None
 
     def _next_due(self) -> TimerEntry:
         with self._cond:
             heap = self._heap
             while True:
-                while heap and heap[0][2].dead:
-                    heapq.heappop(heap)
+                entry = self._pop_due()
+                if entry is not None:
+                    return entry
                 if not heap:
                     self._cond.wait()
                     continue
-                delay = heap[0][0] - time.monotonic()
-                if delay <= 0:
-                    return heapq.heappop(heap)[2]
+                delay = heap[0][0] - self._clock()
                 self._cond.wait(min(delay, _MAX_TIMER_WAIT))  # a far deadline: wake and re-check
 
     def _serve(self) -> None:
@@ -125,15 +199,18 @@ class Timer:
             except Exception:  # never let the shared timer die; log and keep serving
                 logger.exception("toolreg: the shared timer failed to wait; retrying")
                 continue
-            token = entry()
-            if token is None or entry.dead:
-                continue
-            entry.dead = True
-            try:
-                self._fire(token, entry.reason)
-            except BaseException:  # the shared timer must survive anything a callback does
-                logger.exception("toolreg: a deadline's cancellation raised")
-            del token
+            self._fire_entry(entry)
+            del entry
+
+    def _fire_entry(self, entry: TimerEntry) -> None:
+        token = entry()
+        if token is None or entry.dead:
+            return
+        entry.dead = True
+        try:
+            self._fire(token, entry.reason)
+        except BaseException:  # the shared timer must survive anything
+            logger.exception("toolreg: a deadline's cancellation raised")
 
 
 def _drop_dead(heap: list[tuple[float, int, TimerEntry]]) -> None:
@@ -144,3 +221,9 @@ def _drop_dead(heap: list[tuple[float, int, TimerEntry]]) -> None:
             kept += 1
     del heap[kept:]
     heapq.heapify(heap)
+
+
+def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
+    bound = method()
+    if bound is not None:
+        bound()

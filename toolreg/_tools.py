@@ -6,11 +6,14 @@ import copy
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, NoReturn
 
 import fastjsonschema
+from typing_extensions import Self
+
+from . import _validate
 
 __all__ = ["FrozenDict", "Tool", "thaw"]
 
@@ -75,7 +78,8 @@ class Tool:
         if self.parameters is not None and not isinstance(self.parameters, Mapping):
             raise TypeError(f"tool {self.name!r}: parameters must be a JSON Schema mapping")
         if self.timeout is not None:
-            _check_timeout(self.name, self.timeout)
+            what = f"tool {self.name!r}: timeout"
+            _validate.seconds(self.timeout, what, unlimited="pass None for no timeout")
         if not (isinstance(self.concurrency_safe, bool) or callable(self.concurrency_safe)):
             raise TypeError(f"tool {self.name!r}: concurrency_safe must be a bool or a callable")
         if self.render is not None and not callable(self.render):
@@ -105,13 +109,6 @@ class Tool:
         return f"<Tool {self.name!r}>"
 
 
-def _check_timeout(name: str, timeout: object) -> None:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"tool {name!r}: timeout must be a number of seconds")
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"tool {name!r}: timeout must be positive and finite, got {timeout!r}")
-
-
 Validator = Callable[[Any], Any]
 
 
@@ -127,6 +124,12 @@ def compile_schema(tool: Tool) -> tuple[dict[str, Any], Validator | None]:
     accepted, and every client requires it); another root type, or an invalid schema, is a
     `ValueError`. fastjsonschema generates Python code per schema, so a check costs a few
     function calls instead of a walk of the schema per call.
+
+    Schemas may come from untrusted places (a remote server's catalog, a plugin), so a `$ref`
+    may only point inside the schema itself (``"#"`` or ``"#/..."``): any other `$ref` is a
+    `ValueError` here, and nothing is ever fetched (no file is read, no request is made), even
+    for a reference that a nested `$id` turned into a remote one. The advertised schema is
+    therefore exactly the enforced one.
     """
     if tool.parameters is None:
         return _plain(EMPTY_SCHEMA), None
@@ -149,6 +152,12 @@ def _compile_object_schema(
         problem = str(exc).replace("arguments", "schema", 1)
         raise ValueError(f"tool {name!r}: the {what} schema is not JSON: {problem}") from None
     schema = _plain(given)
+    outside = _outside_ref(schema)
+    if outside is not None:
+        raise ValueError(
+            f"tool {name!r}: the {what} schema refers outside itself ($ref {outside!r});"
+            " only references inside the schema ('#/...') are allowed"
+        )
     if "type" not in schema:
         schema = {"type": "object", **schema}
     elif schema["type"] != "object":
@@ -157,10 +166,54 @@ def _compile_object_schema(
             f"got {schema['type']!r}"
         )
     try:
-        validator: Validator = fastjsonschema.compile(_plain(schema), use_default=False)
+        validator: Validator = fastjsonschema.compile(
+            _plain(schema), handlers=_NO_FETCHING, use_default=False
+        )
     except Exception as exc:
         raise ValueError(f"tool {name!r}: invalid {what} schema: {exc}") from exc
     return schema, validator
+
+
+def _outside_ref(schema: object) -> str | None:
+    """A `$ref` that does not point inside the schema, if there is one (no recursion).
+
+    Data keywords (`enum`, `const`, ...) are searched too: fastjsonschema resolves a `$ref`
+    wherever it appears.
+    """
+    pending = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and not ref.startswith("#"):
+                return ref
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return None
+
+
+def _refuse_fetch(uri: str) -> NoReturn:
+    raise ValueError(f"refusing to fetch {uri!r}: a tool schema must be self-contained")
+
+
+class _NoFetching(Mapping[str, Callable[[str], Any]]):
+    """fastjsonschema's URI handlers: every scheme is handled, by refusing (no urlopen)."""
+
+    def __getitem__(self, scheme: str) -> Callable[[str], Any]:
+        return _refuse_fetch
+
+    def __contains__(self, scheme: object) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+_NO_FETCHING = _NoFetching()
 
 
 def _plain(value: Any) -> Any:
@@ -175,16 +228,29 @@ class FrozenDict(dict[str, Any]):
     """A read-only dict: the arguments every hook, wrapper, body and observer sees.
 
     It is a real `dict` (JSON encoders and schema validators accept it) whose mutating methods
-    raise `TypeError`.
+    raise `TypeError`, and frozen means frozen: calling `__init__` again changes nothing, and
+    `__class__` cannot be reassigned. `copy.copy` and `copy.deepcopy` return it as is; it pickles
+    as a `FrozenDict`. (Python cannot stop the unbound base methods, such as
+    `dict.__setitem__(frozen, key, value)`; the registry never calls them.)
     """
 
     __slots__ = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        self = _new_dict(cls)
+        _fill_dict(self, *args, **kwargs)
+        return self
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # __new__ filled it. Ignoring the arguments here is what makes `frozen.__init__(...)`,
+        # called again later, harmless.
+        pass
 
     def _readonly(self, *args: object, **kwargs: object) -> NoReturn:
         raise TypeError("tool arguments are read-only; copy them with dict(args) to change them")
 
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly
-    __ior__ = _readonly
+    __ior__ = __setattr__ = __delattr__ = _readonly
 
     def __copy__(self) -> FrozenDict:
         return self
@@ -209,6 +275,16 @@ def thaw(value: Any) -> Any:
     return value
 
 
+_new_dict = dict.__new__
+_fill_dict = dict.update
+
+
+def _frozen(items: dict[str, Any]) -> FrozenDict:
+    frozen: FrozenDict = _new_dict(FrozenDict)  # C-level: neither __new__ nor __init__ runs
+    _fill_dict(frozen, items)
+    return frozen
+
+
 class InvalidArguments(ValueError):
     """Arguments that are not a JSON-compatible mapping; `where` locates the bad value."""
 
@@ -221,25 +297,54 @@ class InvalidArguments(ValueError):
         return f"arguments{''.join(self.where)}: {self.problem}"
 
 
+# What reading hostile arguments may raise through `freeze_arguments`; anything else it
+# raises (from a mapping's `items()`, a list subclass's `__iter__`, ...) is `InvalidArguments`.
+_INTERRUPTS = (KeyboardInterrupt, SystemExit)
+
+
 def freeze_arguments(arguments: object) -> FrozenDict:
-    """A deep, read-only copy of JSON-compatible arguments, or `InvalidArguments` saying why."""
-    if not isinstance(arguments, Mapping):
-        raise InvalidArguments(f"must be a mapping, got {type(arguments).__name__}")
-    return _freeze_mapping(arguments, 0, set())
+    """A deep, read-only copy of JSON-compatible arguments, or `InvalidArguments` saying why.
+
+    The copy holds only plain values: `str`, `int`, `float` subclasses (an `IntEnum`, a `str`
+    with a custom `__eq__`) become the builtin value they hold (`bool` stays `bool`), mappings
+    become `FrozenDict`, lists and tuples become tuples. Arguments that raise while they are
+    read (a mapping whose `items()` raises, a key whose `repr()` raises) are `InvalidArguments`
+    too; only `KeyboardInterrupt` and `SystemExit` propagate.
+    """
+    try:
+        if not isinstance(arguments, Mapping):
+            raise InvalidArguments(f"must be a mapping, got {_type_name(arguments)}")
+        return _freeze_mapping(arguments, 0, set())
+    except (InvalidArguments, *_INTERRUPTS):
+        raise
+    except BaseException as exc:
+        raise _unreadable(arguments, exc) from None
 
 
 def _freeze(value: object, depth: int, active: set[int]) -> object:
-    if isinstance(value, (str, int)) or value is None:  # bool is an int
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:  # the common case first
         return value
-    if isinstance(value, float):
-        if math.isfinite(value):
+    if kind is float:
+        if math.isfinite(value):  # type: ignore[arg-type]
             return value
         raise InvalidArguments(f"{value!r} is not JSON (no NaN or infinity)")
+    # Subclasses: the plain value they hold, so no custom __eq__, __hash__ or __str__ reaches
+    # a hook or the body. The base-class slots (not the subclass's overrides) make the copy.
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        plain = float.__float__(value)
+        if math.isfinite(plain):
+            return plain
+        raise InvalidArguments(f"{plain!r} is not JSON (no NaN or infinity)")
     if isinstance(value, Mapping):
         return _freeze_mapping(value, depth + 1, active)
     if isinstance(value, (list, tuple)):
         return _freeze_sequence(value, depth + 1, active)
-    raise InvalidArguments(f"a {type(value).__name__} is not JSON")
+    raise InvalidArguments(f"a {_type_name(value)} is not JSON")
 
 
 def _enter(value: object, depth: int, active: set[int]) -> int:
@@ -255,16 +360,30 @@ def _enter(value: object, depth: int, active: set[int]) -> int:
 def _freeze_mapping(value: Mapping[Any, Any], depth: int, active: set[int]) -> FrozenDict:
     marker = _enter(value, depth, active)
     items: dict[str, Any] = {}
-    for key, item in value.items():
-        if type(key) is not str:
-            raise InvalidArguments(f"has a {type(key).__name__} key {key!r}; JSON keys are str")
-        try:
-            items[key] = _freeze(item, depth, active)
-        except InvalidArguments as exc:
-            exc.where.insert(0, f"[{key!r}]")
-            raise
+    try:
+        for key, item in value.items():
+            if type(key) is not str:
+                key = _plain_key(key, items)
+            try:
+                items[key] = _freeze(item, depth, active)
+            except InvalidArguments as exc:
+                exc.where.insert(0, f"[{key!r}]")
+                raise
+    except (InvalidArguments, *_INTERRUPTS):
+        raise
+    except BaseException as exc:
+        raise _unreadable(value, exc) from None
     active.discard(marker)
-    return FrozenDict(items)
+    return _frozen(items)
+
+
+def _plain_key(key: object, items: dict[str, Any]) -> str:
+    if not isinstance(key, str):
+        raise InvalidArguments(f"has a {_type_name(key)} key {_safe_repr(key)}; JSON keys are str")
+    plain = str.__str__(key)
+    if plain in items:  # two keys the mapping kept apart are one key once plain
+        raise InvalidArguments(f"has two keys equal to {plain!r}")
+    return plain
 
 
 def _freeze_sequence(
@@ -272,11 +391,35 @@ def _freeze_sequence(
 ) -> tuple[Any, ...]:
     marker = _enter(value, depth, active)
     frozen = []
-    for index, item in enumerate(value):
-        try:
-            frozen.append(_freeze(item, depth, active))
-        except InvalidArguments as exc:
-            exc.where.insert(0, f"[{index}]")
-            raise
+    try:
+        for index, item in enumerate(value):
+            try:
+                frozen.append(_freeze(item, depth, active))
+            except InvalidArguments as exc:
+                exc.where.insert(0, f"[{index}]")
+                raise
+    except (InvalidArguments, *_INTERRUPTS):
+        raise
+    except BaseException as exc:
+        raise _unreadable(value, exc) from None
     active.discard(marker)
     return tuple(frozen)
+
+
+def _unreadable(value: object, exc: BaseException) -> InvalidArguments:
+    return InvalidArguments(f"a {_type_name(value)} raised {_type_name(exc)} when read")
+
+
+def _type_name(value: object) -> str:
+    try:
+        return str.__str__(type(value).__name__)
+    except Exception:  # a metaclass may make even the name hostile
+        return "object"
+
+
+def _safe_repr(value: object, limit: int = 80) -> str:
+    try:
+        text = str.__str__(repr(value))
+    except Exception:
+        return f"<{_type_name(value)} whose repr() raised>"
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."

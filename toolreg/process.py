@@ -36,7 +36,6 @@ Killed grandchildren are reparented and reaped by init (or the nearest subreaper
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import signal
@@ -46,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, AnyStr, Generic, Literal, TypeAlias, overload
 
+from . import _validate
 from ._cancel import CancelToken
 from ._process import _Supervision
 
@@ -56,7 +56,14 @@ _logger = logging.getLogger("toolreg")
 _Path: TypeAlias = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 _Command: TypeAlias = _Path | Sequence[_Path]
 
-_SECRET_NAME = re.compile("KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+# A name that says "secret": containing one of these words, or ending with a common suffix
+# for one (GITHUB_PAT, SMTP_PASS, DB_PWD, PROXY_AUTH), in any case.
+_SECRET_NAME = re.compile(
+    "KEY|SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|_(?:PAT|PASS|PWD|AUTH)$",
+    re.IGNORECASE,
+)
+# A value that carries a password in a URL's user-info: scheme://user:secret@host
+_SECRET_IN_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:[^\s/?#@]*@")
 
 
 @dataclass(frozen=True, repr=False)
@@ -133,14 +140,25 @@ class ProcessError(Exception):
 
 
 def scrubbed_env() -> dict[str, str]:
-    """A copy of ``os.environ`` without the variables whose names look like secrets.
+    """A copy of ``os.environ`` without the variables that look like they hold a secret.
 
-    A name is dropped if it contains, in any case, KEY, SECRET, TOKEN, PASSWORD, PASSWD or
-    CREDENTIAL (``OPENAI_API_KEY``, ``github_token``, but also ``KEYBOARD``). `run` gives a
-    child this environment when ``env`` is None; extend it with
-    ``env={**scrubbed_env(), "LANG": "C"}``.
+    A variable is dropped if its *name*, in any case,
+
+    - contains KEY, SECRET, TOKEN, PASSWORD, PASSWD, PASSPHRASE or CREDENTIAL
+      (``OPENAI_API_KEY``, ``github_token``, but also ``KEYBOARD``), or
+    - ends with ``_PAT``, ``_PASS``, ``_PWD`` or ``_AUTH`` (``GITHUB_PAT``, ``SMTP_PASS``;
+      not ``PWD`` itself, the working directory);
+
+    or if its *value* holds a URL with a password in its user-info, ``scheme://user:secret@``
+    (``DATABASE_URL=postgres://app:hunter2@db/app``, ``PIP_INDEX_URL=https://u:p@host/simple``).
+    A URL with a user name only (``ssh://git@host``) is kept. `run` gives a child this
+    environment when ``env`` is None; extend it with ``env={**scrubbed_env(), "LANG": "C"}``.
     """
-    return {name: value for name, value in os.environ.items() if not _SECRET_NAME.search(name)}
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if not (_SECRET_NAME.search(name) or _SECRET_IN_URL.search(value))
+    }
 
 
 @overload
@@ -238,15 +256,18 @@ def run(
     - ``text=True``: ``input`` must be str (UTF-8 encoded) and output is decoded as UTF-8 with
       invalid bytes replaced by U+FFFD (a cut can split a character), and newlines normalized
       to ``\\n`` like subprocess's universal newlines. Otherwise bytes in, bytes out.
-    - ``env=None``: the child inherits ``os.environ`` minus every variable whose name contains
-      (any case) KEY, SECRET, TOKEN, PASSWORD, PASSWD or CREDENTIAL (see `scrubbed_env`). An
-      explicit ``env`` is used exactly as given, secrets included.
+    - ``env=None``: the child inherits ``os.environ`` minus every variable that looks like a
+      secret (see `scrubbed_env`): its name contains (any case) KEY, SECRET, TOKEN, PASSWORD,
+      PASSWD, PASSPHRASE or CREDENTIAL or ends with ``_PAT``, ``_PASS``, ``_PWD`` or ``_AUTH``,
+      or its value holds a URL with a password (``scheme://user:secret@``). An explicit ``env``
+      is used exactly as given, secrets included.
     - ``check=True``: raise `ProcessError` (with ``.result``) unless the result is `ok`:
       non-zero status, killed by a signal, cancelled (even before starting) or timed out.
 
     Raises ``FileNotFoundError`` / ``PermissionError`` for a missing or non-executable program
     or ``cwd`` before anything runs; ``TypeError`` / ``ValueError`` for bad arguments (``token``
-    must be a `CancelToken`; ``timeout`` positive and finite; ``grace`` zero or more);
+    must be a `CancelToken`; ``timeout`` positive and finite; ``grace`` zero or more and finite;
+    a number too large for a float is a ``ValueError`` like infinity);
     ``NotImplementedError`` where the OS has no process groups or ``waitid`` (Windows, macOS).
     A ``KeyboardInterrupt`` while waiting kills the group with SIGKILL, reaps, then propagates.
     """
@@ -337,11 +358,13 @@ def _check_arguments(
     input: object,
     text: bool,
 ) -> tuple[_Command, bytes | None, float | None]:
-    if not isinstance(token, CancelToken):
-        hint = " (pass source.token)" if hasattr(token, "token") else ""
-        raise TypeError(f"token must be a toolreg CancelToken, got {type(token).__name__}{hint}")
-    seconds = None if timeout is None else _check_seconds("timeout", timeout, allow_zero=False)
-    _check_seconds("grace", grace, allow_zero=True)
+    _validate.token(token, "token")
+    seconds = (
+        None
+        if timeout is None
+        else _validate.seconds(timeout, "timeout", unlimited="pass None to wait forever")
+    )
+    _validate.seconds(grace, "grace", allow_zero=True)
     return _check_command(args), _encode_input(input, text), seconds
 
 
@@ -352,16 +375,6 @@ def _check_command(args: _Command) -> _Command:
     if not command:
         raise ValueError("args is empty: pass the program and its arguments, e.g. ['ls', '-l']")
     return command
-
-
-def _check_seconds(name: str, value: object, *, allow_zero: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        least = "zero or more" if allow_zero else "more than zero"
-        raise ValueError(f"{name} must be a finite number of seconds, {least}; got {value!r}")
-    return seconds
 
 
 def _check_limit(max_output: object) -> int | None:

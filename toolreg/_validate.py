@@ -1,0 +1,59 @@
+"""One check per kind of value, so the same mistake gets the same exception everywhere.
+
+* `seconds(value, what)`: a duration (``CancelSource(timeout=)``, `deadline`, ``Tool(timeout=)``,
+  `TimeoutPolicy`, `RetryPolicy`, ``process.run``, ``overdue_after``). `TypeError` unless it is
+  an `int` or `float` (a `bool` is not a duration); `ValueError` if it is not positive (or, with
+  ``allow_zero``, negative), NaN, infinite, or too large to be a `float` at all (``10**400``):
+  never `OverflowError`. Finite floats are accepted however large; whoever waits on one caps
+  each wait.
+* `token(value, what)`: a `CancelToken`; `TypeError` otherwise, with a hint when a
+  `CancelSource` was passed instead of its token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._cancel import CancelToken
+
+__all__ = ["seconds", "token"]
+
+
+def seconds(value: object, what: str, *, allow_zero: bool = False, unlimited: str = "") -> float:
+    """`value` as float seconds, or the `TypeError`/`ValueError` that says what is wrong.
+
+    `unlimited` tells how to ask for no limit at all (say ``"pass None for no timeout"``); it
+    is added to the message for an infinite value, which is never accepted as "no limit".
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond the float range: as unusable as infinity
+        number = math.inf
+    if math.isfinite(number) and (number > 0 or (allow_zero and number == 0)):
+        return number
+    least = "zero or more" if allow_zero else "more than zero"
+    hint = f" ({unlimited})" if unlimited and number == math.inf else ""
+    raise ValueError(
+        f"{what} must be a finite number of seconds, {least}; got {_shown(value)}{hint}"
+    )
+
+
+def token(value: object, what: str) -> CancelToken:
+    """`value` if it is a `CancelToken`, else a `TypeError` naming `what` it should have been."""
+    from ._cancel import CancelSource, CancelToken  # _cancel imports this module
+
+    if isinstance(value, CancelToken):
+        return value
+    hint = " (pass source.token)" if isinstance(value, CancelSource) else ""
+    raise TypeError(f"{what} must be a CancelToken, got {type(value).__name__}{hint}")
+
+
+def _shown(value: float) -> str:
+    # repr() of a huge int is slow, long, and beyond 4300 digits raises ValueError itself.
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    return repr(value)
