@@ -1,4 +1,8 @@
-"""`python -m toolreg <command>`: `demo` (a short live demonstration) and `stats` (log figures)."""
+"""`python -m toolreg <command>`: `demo` (a live demonstration), `stats` (log figures), `mcp`.
+
+`mcp` serves a registry over the Model Context Protocol; the MCP SDK is imported only when that
+command runs, so the other commands never need the `toolreg[mcp]` extra.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import argparse
 import os
 import sys
 
-from . import _demo, _stats
+from . import _demo, _mcp_cli, _stats
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,9 +32,18 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _stats.add_arguments(stats)
+    mcp = commands.add_parser(
+        "mcp",
+        help="serve a registry over the Model Context Protocol (needs toolreg[mcp])",
+        description=_mcp_cli.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _mcp_cli.add_arguments(mcp)
     args = parser.parse_args(argv)
     if args.command == "demo":
         return _demo.run(args)
+    if args.command == "mcp":
+        return _mcp_cli.run(args)
     return _stats.run(args)
 
 

@@ -1,0 +1,433 @@
+"""The MCP bridge: `tools/list` and `tools/call` handlers that serve a `ToolRegistry`.
+
+One `tools/call` request is one model-driven call (`start_if_cancelled=False`) under a fresh
+`CancelSource` (a child of the server's token, if any). Its handler holds three tasks in one
+task group: the call itself, awaited through `AsyncToolRegistry` inside a *shielded* scope (so
+the join is never re-cancelled by anyio and never spins), a relay that waits for the request's
+own cancel scope to be cancelled, and, when the client asked for progress, a pump.
+
+How a request ends on the client's side, and what the relay does:
+
+* `notifications/cancelled` (the client's cancel, or its read timeout): the SDK cancels the
+  handler's scope before it hands us the notification, so the relay waits (shielded, bounded
+  by `REASON_WAIT`) for our notification handler to deliver the client's stated reason, then
+  cancels the source with `RequestCancelled(id, "client", reason)`.
+* a disconnect or the connection's end (EOF): the same scope cancel with no notification:
+  `RequestCancelled(id, "closed")`; `"shutdown"` when `serve()` is stopping on a signal.
+
+The cancel runs on `OFF_LOOP`, a daemon thread, never on the event loop: cancelling runs every
+callback registered on the call's token, a body's own `on_cancel` callbacks included. The
+handler returns only after the call has settled (body joined, observers notified), then checks
+its scope once more (`checkpoint_if_cancelled`): a request that ended on the client's side is
+never answered, even by an in-process dispatcher that would deliver a late return.
+
+`max_concurrent_calls` is an admission limiter. A request cancelled while waiting for it runs
+nothing: its source is cancelled before the call enters the registry (nothing is linked to it
+yet, so no callback runs on the loop), and the call goes through `AsyncToolRegistry.execute`
+already cancelled, so observers see `ABORTED_BEFORE_DISPATCH` and no hook or body runs.
+
+Requests are matched with their `notifications/cancelled` through the connection state that the
+server's lifespan yields (`Connection`): one per `Server.run` (stdio, in-memory), one per app on
+streamable HTTP, where the `Mcp-Session-Id` header tells sessions apart.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+import anyio.lowlevel
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.shared.dispatcher import coerce_request_id
+from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+
+from ._cancel import CancelSource, CancelToken
+from ._progress import ToolProgress
+from ._registry import ToolRegistry
+from ._results import ErrorCode, ToolCall, ToolResult
+from .aio import AsyncToolRegistry
+
+__all__ = ["REASON_WAIT", "Bridge", "Connection", "RequestCancelled"]
+
+logger = logging.getLogger("toolreg")
+
+REASON_WAIT = 1.0
+"""Seconds a client-cancelled call waits for the notification that states the client's reason.
+
+The SDK hands the notification to us right after cancelling the handler, on the same loop, so
+this wait normally ends within a loop turn; the bound covers a notification the SDK drops."""
+
+RequestId = str | int
+
+
+@dataclass(frozen=True)
+class RequestCancelled:
+    """Why an MCP request's call was cancelled: the reason its token carries (not an exception).
+
+    `cause` is `"client"` (the client sent `notifications/cancelled`, as it does on its read
+    timeout; `client_reason` is the reason it stated, or None), `"closed"` (the request ended
+    without one: the client disconnected or the connection closed), or `"shutdown"` (`serve()`
+    is stopping on SIGTERM or SIGINT). `str()` names the request and the cause::
+
+        MCP request 7 cancelled by the client: timed out after 0.2s
+    """
+
+    request_id: RequestId
+    cause: Literal["client", "closed", "shutdown"]
+    client_reason: str | None = None
+
+    def __str__(self) -> str:
+        request = f"MCP request {self.request_id!r}"
+        if self.cause == "client":
+            stated = self.client_reason if self.client_reason else "(no reason given)"
+            return f"{request} cancelled by the client: {stated}"
+        if self.cause == "shutdown":
+            return f"{request} cancelled: the server is shutting down"
+        return f"{request} ended: the client disconnected or the connection closed"
+
+
+class Connection:
+    """The lifespan state of one `Server.run` (or one HTTP app): its `tools/call` requests.
+
+    Only the event loop touches it, so it needs no lock.
+    """
+
+    __slots__ = ("requests",)
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str | None, RequestId], _Request] = {}
+
+
+class _Request:
+    """One `tools/call` request, from admission to its answer or its end on the client's side.
+
+    Read and written on the event loop only.
+    """
+
+    __slots__ = ("cancel_requested", "client_reason", "finished", "notified", "reason", "waiting")
+
+    def __init__(self, cancel_requested: anyio.Event | None) -> None:
+        self.cancel_requested = cancel_requested  # the SDK's flag for a client cancel, if known
+        self.finished = False  # the call settled: a late cancel must not touch the source
+        self.notified = False  # our notifications/cancelled handler has delivered the reason
+        self.client_reason: str | None = None
+        self.reason: anyio.Event | None = None  # set when the notification arrives
+        self.waiting: anyio.CancelScope | None = None  # the relay's wait for it
+
+
+class Bridge:
+    """Serves one registry: the handlers `build_server` registers on the `Server`.
+
+    `stopping` is set by `serve()` when a signal stops it, so calls cancelled by the shutdown
+    say so. Handlers run on one event loop (asyncio: the calls go through `toolreg.aio`).
+    """
+
+    def __init__(
+        self, registry: ToolRegistry, token: CancelToken | None, max_concurrent_calls: int
+    ) -> None:
+        self._registry = registry
+        self._areg = AsyncToolRegistry(registry)
+        self._token = token
+        self._limiter = anyio.CapacityLimiter(max_concurrent_calls)
+        self._nonce = f"{os.urandom(4).hex()}-"  # with the counter: unique across processes
+        self._counter = itertools.count(1)
+        self.stopping = False
+        self._handlers = 0  # tools/call handlers running (event loop only)
+        self._idle: anyio.Event | None = None  # set when _handlers drops to 0
+        OFF_LOOP.start()  # here, not on the loop at the first cancel: Thread.start() can stall
+
+    async def wait_idle(self) -> None:
+        """Wait until no `tools/call` handler of this bridge is running."""
+        while self._handlers:
+            self._idle = anyio.Event()
+            await self._idle.wait()
+
+    # -- tools/list ------------------------------------------------------------------------------
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Connection], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        """The registry's `mcp` catalog, one snapshot, in one page."""
+        schemas = self._registry.catalog().schemas("mcp")
+        return types.ListToolsResult(tools=[types.Tool.model_validate(s) for s in schemas])
+
+    def input_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The advertised input schema of `name` (for the SDK's HTTP header checks), or None."""
+        for schema in self._registry.catalog().schemas("mcp"):
+            if schema["name"] == name:
+                found: Mapping[str, Any] = schema["inputSchema"]
+                return found
+        return None
+
+    # -- tools/call ------------------------------------------------------------------------------
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Connection], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        """Run the call; answer with its result, or never if the request ended first."""
+        request_id: RequestId = ctx.request_id if ctx.request_id is not None else "?"
+        call_id = f"mcp:{request_id}:{self._nonce}{next(self._counter)}"
+        call = ToolCall(params.name, params.arguments, call_id=call_id)
+        request = _Request(_cancel_requested(ctx))
+        requests = ctx.lifespan_context.requests
+        key = (_session_id(ctx), coerce_request_id(request_id))
+        requests[key] = request
+        source = CancelSource(self._token) if self._token is not None else CancelSource()
+        self._handlers += 1
+        try:
+            result = await self._run(ctx, request, request_id, call, source)
+        finally:
+            source.close()
+            if requests.get(key) is request:  # a client reusing an id may have replaced it
+                del requests[key]
+            self._handlers -= 1
+            if not self._handlers and self._idle is not None:
+                self._idle.set()
+        return _answer(result)
+
+    async def _run(
+        self,
+        ctx: ServerRequestContext[Connection],
+        request: _Request,
+        request_id: RequestId,
+        call: ToolCall,
+        source: CancelSource,
+    ) -> ToolResult[Any]:
+        admitted = False
+        try:
+            await self._limiter.acquire()
+            admitted = True
+            await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled as it was admitted
+        except anyio.get_cancelled_exc_class():
+            if admitted:
+                self._limiter.release()
+            await self._never_admitted(request, request_id, call, source)
+            raise
+        outcome: ToolResult[Any] | Exception
+        try:
+            wants_progress = progress_token_from_params(ctx.params) is not None
+            progress = _ProgressPump() if wants_progress else None
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._relay, request, request_id, source)
+                if progress is not None:
+                    group.start_soon(progress.pump, ctx)
+                # Shielded: the request's cancel reaches the call through the relay and the
+                # source, and this join is never re-cancelled (anyio re-delivers a cancel at
+                # every await of a cancelled scope: an unshielded join would spin).
+                with anyio.CancelScope(shield=True):
+                    try:
+                        outcome = await self._areg.execute(
+                            call,
+                            token=source.token,
+                            start_if_cancelled=False,
+                            progress=progress,
+                        )
+                    except Exception as exc:  # a closed registry, a refusing executor
+                        outcome = exc
+                request.finished = True
+                if request.waiting is not None:
+                    request.waiting.cancel()
+                if progress is not None:
+                    progress.close()
+                group.cancel_scope.cancel()  # the relay and the pump; never the request's scope
+        finally:
+            self._limiter.release()
+        # The join above hid any cancel of the request's scope; the first checkpoint after it
+        # raises it, so a request that ended on the client's side is never answered.
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if isinstance(outcome, Exception):
+            logger.error("toolreg: MCP request %r could not run: %s", request_id, outcome)
+            raise MCPError(types.INTERNAL_ERROR, f"the call could not run: {outcome}")
+        return outcome
+
+    async def _relay(self, request: _Request, request_id: RequestId, source: CancelSource) -> None:
+        """Cancel the call's source once the request's scope is cancelled (not after it settled)."""
+        try:
+            await anyio.sleep_forever()
+        finally:
+            if not request.finished:
+                reason = await self._reason(request, request_id)
+                if not request.finished:
+                    OFF_LOOP.call_soon(functools.partial(source.cancel, reason))
+
+    async def _never_admitted(
+        self, request: _Request, request_id: RequestId, call: ToolCall, source: CancelSource
+    ) -> None:
+        """Cancelled while waiting for admission: observers see it, nothing else runs."""
+        source.cancel(await self._reason(request, request_id))  # nothing linked: no callbacks
+        try:
+            # Unshielded in a cancelled scope: the facade claims the call back before a worker
+            # takes it (observers notified off the loop) or, if one already did, the call is
+            # pre-cancelled and model-driven, so no hook or body runs. Then it re-raises.
+            await self._areg.execute(call, token=source.token, start_if_cancelled=False)
+        except anyio.get_cancelled_exc_class():
+            pass  # the caller re-raises the request's own cancellation
+        except Exception:
+            logger.debug("toolreg: recording a never-admitted MCP call failed", exc_info=True)
+
+    async def _reason(self, request: _Request, request_id: RequestId) -> RequestCancelled:
+        """Why the request ended; waits (shielded, bounded) for a client's stated reason."""
+        if request.cancel_requested is not None and request.cancel_requested.is_set():
+            if not request.notified:
+                request.reason = anyio.Event()
+                with anyio.move_on_after(REASON_WAIT, shield=True) as waiting:
+                    request.waiting = waiting
+                    await request.reason.wait()
+            return RequestCancelled(request_id, "client", request.client_reason)
+        return RequestCancelled(request_id, "shutdown" if self.stopping else "closed")
+
+    async def on_cancelled(
+        self, ctx: ServerRequestContext[Connection], params: types.CancelledNotificationParams
+    ) -> None:
+        """`notifications/cancelled`: hand the client's stated reason to the request's relay."""
+        if params.request_id is None:
+            return
+        key = (_session_id(ctx), coerce_request_id(params.request_id))
+        request = ctx.lifespan_context.requests.get(key)
+        if request is None or request.notified:
+            return  # finished already (a legal race), or not ours
+        request.notified = True
+        request.client_reason = params.reason
+        if request.reason is not None:
+            request.reason.set()
+
+
+class _ProgressPump:
+    """Relays a call's progress to `notifications/progress`, coalesced to the latest update.
+
+    `__call__` runs on the event loop (the facade schedules it there); `pump` runs in the
+    request's task group, so nothing is sent after the request was cancelled or answered.
+    """
+
+    __slots__ = ("_closed", "_latest", "_wake")
+
+    def __init__(self) -> None:
+        self._latest: ToolProgress | None = None
+        self._wake = anyio.Event()
+        self._closed = False
+
+    def __call__(self, update: ToolProgress) -> None:
+        if not self._closed:
+            self._latest = update
+            self._wake.set()
+
+    def close(self) -> None:
+        self._closed = True
+
+    async def pump(self, ctx: ServerRequestContext[Connection]) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            update, self._latest = self._latest, None
+            if update is not None:
+                await ctx.session.report_progress(update.progress, update.total, update.message)
+
+
+def _answer(result: ToolResult[Any]) -> types.CallToolResult:
+    """The MCP answer for a settled call (contract: docs/contract.md, "Serving over MCP")."""
+    error = result.error
+    if error is not None and error.code == ErrorCode.UNKNOWN_TOOL:
+        raise MCPError(types.INVALID_PARAMS, error.message)
+    meta: dict[str, Any] = {
+        "toolreg/code": None if error is None else error.code.value,
+        "toolreg/dispatched": result.dispatched,
+        "toolreg/callId": result.call.call_id,
+    }
+    if result.contexts:
+        contexts = _json_copy(list(result.contexts))
+        if contexts is not None:
+            meta["toolreg/contexts"] = contexts
+    content: list[types.ContentBlock] = [types.TextContent(type="text", text=result.content)]
+    if error is not None:
+        return types.CallToolResult(content=content, is_error=True, _meta=meta)
+    structured = _json_copy(result.value) if isinstance(result.value, Mapping) else None
+    return types.CallToolResult(content=content, structured_content=structured, _meta=meta)
+
+
+def _json_copy(value: Any) -> Any:
+    """A plain JSON copy of `value` (mappings become objects), or None if it is not JSON."""
+    try:
+        return json.loads(json.dumps(value, default=_plain, allow_nan=False))
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _session_id(ctx: ServerRequestContext[Connection]) -> str | None:
+    """The streamable HTTP session of the message (None on stdio and in memory)."""
+    headers = getattr(ctx.request, "headers", None)
+    if headers is None:
+        return None
+    session: str | None = headers.get("mcp-session-id")
+    return session
+
+
+def _cancel_requested(ctx: ServerRequestContext[Connection]) -> anyio.Event | None:
+    """The SDK's per-request "the client cancelled it" flag, or None if it cannot be reached.
+
+    mcp 2.3 sets `DispatchContext.cancel_requested` before it cancels the handler, but exposes
+    it only on the session's private request channel (modelcontextprotocol/python-sdk#3389).
+    Without it every cancel reads as `"closed"`: the call is still cancelled and joined.
+    """
+    outbound = getattr(ctx.session, "_request_outbound", None)
+    flag = getattr(outbound, "cancel_requested", None)
+    return flag if isinstance(flag, anyio.Event) else None
+
+
+class _OffLoop:
+    """A daemon thread that runs cancellations handed over from event loops, in order.
+
+    Started by the first `Bridge` (outside any hot path); after `fork()` the child starts a new
+    one on first use. A job that raises is logged and the thread carries on.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # guards _thread and _pid (start is idempotent)
+        self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._pid == os.getpid():
+                return
+            self._jobs = queue.SimpleQueue()
+            thread = threading.Thread(
+                target=self._serve, args=(self._jobs,), name="toolreg-mcp-canceller", daemon=True
+            )
+            thread.start()
+            self._thread, self._pid = thread, os.getpid()
+
+    def call_soon(self, job: Callable[[], object]) -> None:
+        """Run `job()` on the thread; never blocks (but starts the thread after a fork)."""
+        if self._pid != os.getpid():
+            self.start()
+        self._jobs.put(job)
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue[Callable[[], object]]) -> None:
+        while True:
+            job = jobs.get()
+            try:
+                job()
+            except BaseException:  # the thread must survive anything a callback does
+                logger.exception("toolreg: cancelling an MCP call raised")
+
+
+OFF_LOOP = _OffLoop()
