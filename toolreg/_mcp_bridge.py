@@ -158,9 +158,18 @@ class Bridge:
     async def list_tools(
         self, ctx: ServerRequestContext[Connection], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        """The registry's `mcp` catalog, one snapshot, in one page."""
-        schemas = self._registry.catalog().schemas("mcp")
-        return types.ListToolsResult(tools=[types.Tool.model_validate(s) for s in schemas])
+        """The registry's `mcp` catalog, one snapshot, in one page.
+
+        A tool the SDK's model refuses is left out with a warning: one bad definition must
+        not fail the whole listing.
+        """
+        tools = []
+        for schema in self._registry.catalog().schemas("mcp"):
+            try:
+                tools.append(types.Tool.model_validate(schema))
+            except ValueError as exc:  # pydantic's ValidationError
+                logger.warning("toolreg: MCP tools/list leaves out %r: %s", schema["name"], exc)
+        return types.ListToolsResult(tools=tools)
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
         """The advertised input schema of `name` (for the SDK's HTTP header checks), or None."""
@@ -330,12 +339,17 @@ class _ProgressPump:
             await self._wake.wait()
             self._wake = anyio.Event()
             update, self._latest = self._latest, None
-            if update is not None:
+            if update is None:
+                continue
+            try:
                 await ctx.session.report_progress(update.progress, update.total, update.message)
+            except Exception:  # progress is best effort: it must never fail the call
+                logger.exception("toolreg: sending MCP progress failed; no more is sent")
+                return
 
 
 def _answer(result: ToolResult[Any]) -> types.CallToolResult:
-    """The MCP answer for a settled call (contract: docs/contract.md, "Serving over MCP")."""
+    """The MCP answer for a settled call (the mapping in `toolreg.mcp`'s docstring)."""
     error = result.error
     if error is not None and error.code == ErrorCode.UNKNOWN_TOOL:
         raise MCPError(types.INVALID_PARAMS, error.message)
