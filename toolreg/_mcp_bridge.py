@@ -1,15 +1,17 @@
 """The MCP bridge: `tools/list` and `tools/call` handlers that serve a `ToolRegistry`.
 
 One `tools/call` request is one model-driven call (`start_if_cancelled=False`) under a fresh
-`CancelSource` (a child of the server's token, if any). Its handler holds three tasks in one
-task group: the call itself, awaited through `AsyncToolRegistry` inside a *shielded* scope (so
-the join is never re-cancelled by anyio and never spins), a relay that waits for the request's
-own cancel scope to be cancelled, and, when the client asked for progress, a pump.
+`CancelSource` (a child of the server's token, if any). The handler runs the call as a task of
+its own (`AsyncToolRegistry.execute`: the pipeline on a pool worker) and waits for it with
+`asyncio.wait`, which never cancels what it waits for. So the request's end reaches the call
+only one way, as a cancel of its source with a reason, and anyio (which re-delivers a cancel
+at every await of a cancelled scope) meets the handler once; the join that follows runs in a
+shielded scope and sleeps until the call has settled.
 
-How a request ends on the client's side, and what the relay does:
+How a request ends on the client's side, and the reason the body sees:
 
 * `notifications/cancelled` (the client's cancel, or its read timeout): the SDK cancels the
-  handler's scope before it hands us the notification, so the relay waits (shielded, bounded
+  handler's scope before it hands us the notification, so the handler waits (shielded, bounded
   by `REASON_WAIT`) for our notification handler to deliver the client's stated reason, then
   cancels the source with `RequestCancelled(id, "client", reason)`.
 * a disconnect or the connection's end (EOF): the same scope cancel with no notification:
@@ -17,14 +19,15 @@ How a request ends on the client's side, and what the relay does:
 
 The cancel runs on `OFF_LOOP`, a daemon thread, never on the event loop: cancelling runs every
 callback registered on the call's token, a body's own `on_cancel` callbacks included. The
-handler returns only after the call has settled (body joined, observers notified), then checks
-its scope once more (`checkpoint_if_cancelled`): a request that ended on the client's side is
-never answered, even by an in-process dispatcher that would deliver a late return.
+handler returns only after the call has settled (body joined, observers notified), and a
+request that ended on the client's side is never answered: the handler re-raises the
+cancellation, even on an in-process dispatcher that would deliver a late return.
 
-`max_concurrent_calls` is an admission limiter. A request cancelled while waiting for it runs
-nothing: its source is cancelled before the call enters the registry (nothing is linked to it
-yet, so no callback runs on the loop), and the call goes through `AsyncToolRegistry.execute`
-already cancelled, so observers see `ABORTED_BEFORE_DISPATCH` and no hook or body runs.
+`max_concurrent_calls` is an admission limit. A request that ends before its call starts
+(while waiting for admission, or before its handler's first step) runs nothing: its source is
+cancelled before the call enters the registry (nothing is linked to it yet, so no callback runs
+on the loop), and the call goes through `AsyncToolRegistry.execute` already cancelled, so
+observers see `ABORTED_BEFORE_DISPATCH` and no hook or body runs.
 
 Requests are matched with their `notifications/cancelled` through the connection state that the
 server's lifespan yields (`Connection`): one per `Server.run` (stdio, in-memory), one per app on
@@ -33,6 +36,9 @@ streamable HTTP, where the `Mcp-Session-Id` header tells sessions apart.
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import functools
 import itertools
 import json
@@ -40,6 +46,7 @@ import logging
 import os
 import queue
 import threading
+from asyncio import FIRST_COMPLETED
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -115,22 +122,20 @@ class _Request:
     Read and written on the event loop only.
     """
 
-    __slots__ = ("cancel_requested", "client_reason", "finished", "notified", "reason", "waiting")
+    __slots__ = ("cancel_requested", "client_reason", "notified", "reason")
 
     def __init__(self, cancel_requested: anyio.Event | None) -> None:
         self.cancel_requested = cancel_requested  # the SDK's flag for a client cancel, if known
-        self.finished = False  # the call settled: a late cancel must not touch the source
         self.notified = False  # our notifications/cancelled handler has delivered the reason
         self.client_reason: str | None = None
-        self.reason: anyio.Event | None = None  # set when the notification arrives
-        self.waiting: anyio.CancelScope | None = None  # the relay's wait for it
+        self.reason: asyncio.Future[None] | None = None  # done when the notification arrives
 
 
 class Bridge:
     """Serves one registry: the handlers `build_server` registers on the `Server`.
 
     `stopping` is set by `serve()` when a signal stops it, so calls cancelled by the shutdown
-    say so. Handlers run on one event loop (asyncio: the calls go through `toolreg.aio`).
+    say so. Handlers run on one asyncio event loop (the calls go through `toolreg.aio`).
     """
 
     def __init__(
@@ -139,19 +144,19 @@ class Bridge:
         self._registry = registry
         self._areg = AsyncToolRegistry(registry)
         self._token = token
-        self._limiter = anyio.CapacityLimiter(max_concurrent_calls)
+        self._admission = _Admission(max_concurrent_calls)
         self._nonce = f"{os.urandom(4).hex()}-"  # with the counter: unique across processes
         self._counter = itertools.count(1)
         self.stopping = False
         self._handlers = 0  # tools/call handlers running (event loop only)
-        self._idle: anyio.Event | None = None  # set when _handlers drops to 0
+        self._idle: asyncio.Future[None] | None = None  # done when _handlers drops to 0
         OFF_LOOP.start()  # here, not on the loop at the first cancel: Thread.start() can stall
 
     async def wait_idle(self) -> None:
         """Wait until no `tools/call` handler of this bridge is running."""
         while self._handlers:
-            self._idle = anyio.Event()
-            await self._idle.wait()
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
 
     # -- tools/list ------------------------------------------------------------------------------
 
@@ -195,14 +200,30 @@ class Bridge:
         source = CancelSource(self._token) if self._token is not None else CancelSource()
         self._handlers += 1
         try:
-            result = await self._run(ctx, request, request_id, call, source)
+            admitted = False
+            try:
+                if not self._admission.try_acquire():
+                    await self._admission.acquire()
+                admitted = True
+                # Ended before the call could start (while queued, or before this handler's
+                # first step): nothing may run, so the call must not even enter the registry.
+                await anyio.lowlevel.checkpoint_if_cancelled()
+            except asyncio.CancelledError:
+                if admitted:
+                    self._admission.release()
+                await self._never_admitted(request, request_id, call, source)
+                raise
+            try:
+                result = await self._run(ctx, request, request_id, call, source)
+            finally:
+                self._admission.release()
         finally:
             source.close()
             if requests.get(key) is request:  # a client reusing an id may have replaced it
                 del requests[key]
             self._handlers -= 1
-            if not self._handlers and self._idle is not None:
-                self._idle.set()
+            if not self._handlers and self._idle is not None and not self._idle.done():
+                self._idle.set_result(None)
         return _answer(result)
 
     async def _run(
@@ -213,93 +234,75 @@ class Bridge:
         call: ToolCall,
         source: CancelSource,
     ) -> ToolResult[Any]:
-        admitted = False
+        """The admitted call: run it, relay the request's end to its source, join it."""
+        loop = asyncio.get_running_loop()
+        progress = _ProgressPump(ctx) if progress_token_from_params(ctx.params) else None
+        running = loop.create_task(
+            self._areg.execute(
+                call, token=source.token, start_if_cancelled=False, progress=progress
+            )
+        )
         try:
-            await self._limiter.acquire()
-            admitted = True
-            await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled as it was admitted
-        except anyio.get_cancelled_exc_class():
-            if admitted:
-                self._limiter.release()
-            await self._never_admitted(request, request_id, call, source)
-            raise
-        outcome: ToolResult[Any] | Exception
-        try:
-            wants_progress = progress_token_from_params(ctx.params) is not None
-            progress = _ProgressPump() if wants_progress else None
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._relay, request, request_id, source)
-                if progress is not None:
-                    group.start_soon(progress.pump, ctx)
-                # Shielded: the request's cancel reaches the call through the relay and the
-                # source, and this join is never re-cancelled (anyio re-delivers a cancel at
-                # every await of a cancelled scope: an unshielded join would spin).
-                with anyio.CancelScope(shield=True):
-                    try:
-                        outcome = await self._areg.execute(
-                            call,
-                            token=source.token,
-                            start_if_cancelled=False,
-                            progress=progress,
-                        )
-                    except Exception as exc:  # a closed registry, a refusing executor
-                        outcome = exc
-                request.finished = True
-                if request.waiting is not None:
-                    request.waiting.cancel()
-                if progress is not None:
-                    progress.close()
-                group.cancel_scope.cancel()  # the relay and the pump; never the request's scope
+            # Waiting never cancels the call: the request's end reaches it only as a cancel of
+            # its source, with the reason. anyio delivers the request's cancel here once.
+            await asyncio.wait((running,))
+        except asyncio.CancelledError:
+            if progress is not None:
+                progress.close()  # before anything else: no progress after the cancel
+            reason = await self._reason(request, request_id, running)
+            if not running.done():
+                OFF_LOOP.call_soon(functools.partial(source.cancel, reason))
+            await _join(running)
+            raise  # never answered, even by a dispatcher that would deliver a late return
         finally:
-            self._limiter.release()
-        # The join above hid any cancel of the request's scope; the first checkpoint after it
-        # raises it, so a request that ended on the client's side is never answered.
+            if progress is not None:
+                progress.close()
+        # Completed, but the request may have ended in the same turn: never answer it then.
         await anyio.lowlevel.checkpoint_if_cancelled()
-        if isinstance(outcome, Exception):
-            logger.error("toolreg: MCP request %r could not run: %s", request_id, outcome)
-            raise MCPError(types.INTERNAL_ERROR, f"the call could not run: {outcome}")
-        return outcome
-
-    async def _relay(self, request: _Request, request_id: RequestId, source: CancelSource) -> None:
-        """Cancel the call's source once the request's scope is cancelled (not after it settled)."""
         try:
-            await anyio.sleep_forever()
-        finally:
-            if not request.finished:
-                reason = await self._reason(request, request_id)
-                if not request.finished:
-                    OFF_LOOP.call_soon(functools.partial(source.cancel, reason))
+            return running.result()
+        except Exception as exc:  # a closed registry, a refusing executor
+            logger.error("toolreg: MCP request %r could not run: %s", request_id, exc)
+            raise MCPError(types.INTERNAL_ERROR, f"the call could not run: {exc}") from exc
 
     async def _never_admitted(
         self, request: _Request, request_id: RequestId, call: ToolCall, source: CancelSource
     ) -> None:
         """Cancelled while waiting for admission: observers see it, nothing else runs."""
-        source.cancel(await self._reason(request, request_id))  # nothing linked: no callbacks
+        source.cancel(await self._reason(request, request_id, None))  # nothing linked yet
         try:
             # Unshielded in a cancelled scope: the facade claims the call back before a worker
             # takes it (observers notified off the loop) or, if one already did, the call is
             # pre-cancelled and model-driven, so no hook or body runs. Then it re-raises.
             await self._areg.execute(call, token=source.token, start_if_cancelled=False)
-        except anyio.get_cancelled_exc_class():
+        except asyncio.CancelledError:
             pass  # the caller re-raises the request's own cancellation
         except Exception:
             logger.debug("toolreg: recording a never-admitted MCP call failed", exc_info=True)
 
-    async def _reason(self, request: _Request, request_id: RequestId) -> RequestCancelled:
-        """Why the request ended; waits (shielded, bounded) for a client's stated reason."""
+    async def _reason(
+        self, request: _Request, request_id: RequestId, running: asyncio.Task[Any] | None
+    ) -> RequestCancelled:
+        """Why the request ended; waits (shielded, bounded) for a client's stated reason.
+
+        The wait also ends when the call settles by itself meanwhile (then nothing is
+        cancelled).
+        """
         if request.cancel_requested is not None and request.cancel_requested.is_set():
             if not request.notified:
-                request.reason = anyio.Event()
-                with anyio.move_on_after(REASON_WAIT, shield=True) as waiting:
-                    request.waiting = waiting
-                    await request.reason.wait()
+                request.reason = asyncio.get_running_loop().create_future()
+                waits: set[asyncio.Future[Any]] = {request.reason}
+                if running is not None:
+                    waits.add(running)
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait(waits, timeout=REASON_WAIT, return_when=FIRST_COMPLETED)
             return RequestCancelled(request_id, "client", request.client_reason)
         return RequestCancelled(request_id, "shutdown" if self.stopping else "closed")
 
     async def on_cancelled(
         self, ctx: ServerRequestContext[Connection], params: types.CancelledNotificationParams
     ) -> None:
-        """`notifications/cancelled`: hand the client's stated reason to the request's relay."""
+        """`notifications/cancelled`: hand the client's stated reason to the request's handler."""
         if params.request_id is None:
             return
         key = (_session_id(ctx), coerce_request_id(params.request_id))
@@ -308,23 +311,78 @@ class Bridge:
             return  # finished already (a legal race), or not ours
         request.notified = True
         request.client_reason = params.reason
-        if request.reason is not None:
-            request.reason.set()
+        if request.reason is not None and not request.reason.done():
+            request.reason.set_result(None)
+
+
+async def _join(running: asyncio.Task[Any]) -> None:
+    """Wait until the call has settled, whatever cancellation arrives meanwhile; never spins.
+
+    The anyio shield stops anyio re-delivering the request's cancel at every await; a raw
+    `Task.cancel()` (a server tearing its tasks down) is absorbed, once per call, because a
+    started body is never abandoned.
+    """
+    with anyio.CancelScope(shield=True):
+        while not running.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait((running,))
+
+
+class _Admission:
+    """`max_concurrent_calls` slots, handed over first come, first served (event loop only)."""
+
+    __slots__ = ("_free", "_waiting")
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def try_acquire(self) -> bool:
+        """Take a free slot without waiting, unless others are already waiting."""
+        if self._free and not self._waiting:
+            self._free -= 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        """Wait for a slot; a cancelled waiter holds none (a slot handed to it is passed on)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed over just as it was cancelled: pass it on
+            else:
+                self._waiting.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        """Give the slot to the longest waiter, or free it."""
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
 
 
 class _ProgressPump:
     """Relays a call's progress to `notifications/progress`, coalesced to the latest update.
 
-    `__call__` runs on the event loop (the facade schedules it there); `pump` runs in the
-    request's task group, so nothing is sent after the request was cancelled or answered.
+    `__call__` runs on the event loop (the facade schedules it there) and wakes the pump, a
+    task of its own that sends one update at a time. `close()` cancels that task: the handler
+    closes it before it answers and as soon as the request is cancelled, so nothing is sent
+    after either.
     """
 
-    __slots__ = ("_closed", "_latest", "_wake")
+    __slots__ = ("_closed", "_latest", "_task", "_wake")
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: ServerRequestContext[Connection]) -> None:
         self._latest: ToolProgress | None = None
-        self._wake = anyio.Event()
+        self._wake = asyncio.Event()
         self._closed = False
+        self._task = asyncio.get_running_loop().create_task(self._pump(ctx))
 
     def __call__(self, update: ToolProgress) -> None:
         if not self._closed:
@@ -332,12 +390,14 @@ class _ProgressPump:
             self._wake.set()
 
     def close(self) -> None:
-        self._closed = True
+        if not self._closed:
+            self._closed = True
+            self._task.cancel()
 
-    async def pump(self, ctx: ServerRequestContext[Connection]) -> None:
+    async def _pump(self, ctx: ServerRequestContext[Connection]) -> None:
         while True:
             await self._wake.wait()
-            self._wake = anyio.Event()
+            self._wake.clear()
             update, self._latest = self._latest, None
             if update is None:
                 continue

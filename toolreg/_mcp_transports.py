@@ -43,6 +43,7 @@ from mcp.shared.message import SessionMessage
 from ._mcp_bridge import Bridge, Connection
 
 if TYPE_CHECKING:
+    import uvicorn
     from typing_extensions import Self
 
 __all__ = ["StdinLines", "WriteGate", "serve_http", "serve_stdio"]
@@ -72,7 +73,7 @@ async def serve_http(
     server: Server[Connection], bridge: Bridge, host: str, port: int, path: str
 ) -> None:
     """Serve streamable HTTP on uvicorn until a signal; every call joined on return."""
-    import uvicorn
+    import uvicorn  # here: the stdio server never needs it
 
     app = server.streamable_http_app(streamable_http_path=path, host=host)
     with _bound(host, port) as sock:
@@ -85,7 +86,7 @@ async def serve_http(
             timeout_graceful_shutdown=0,  # cancel open streams: their calls are joined anyway
             log_level="warning",
         )
-        uvicorn_server = _Uvicorn(config)
+        uvicorn_server = _uvicorn_server(config)
 
         def stop() -> None:
             bridge.stopping = True
@@ -101,29 +102,16 @@ async def serve_http(
     logger.info("toolreg: MCP server %r stopped (streamable-http); every call settled", server.name)
 
 
-class _Uvicorn:
-    """A uvicorn server whose signals are ours (uvicorn re-raises them after serving)."""
+def _uvicorn_server(config: uvicorn.Config) -> uvicorn.Server:
+    """A uvicorn server that leaves signals to us (uvicorn re-raises them after serving)."""
+    import uvicorn
 
-    def __init__(self, config: Any) -> None:
-        import uvicorn
+    class Server(uvicorn.Server):
+        @contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
 
-        class Quiet(uvicorn.Server):
-            @contextmanager
-            def capture_signals(self) -> Iterator[None]:
-                yield
-
-        self._server = Quiet(config)
-
-    @property
-    def should_exit(self) -> bool:
-        return bool(self._server.should_exit)
-
-    @should_exit.setter
-    def should_exit(self, value: bool) -> None:
-        self._server.should_exit = value
-
-    async def serve(self, sockets: list[socket.socket]) -> None:
-        await self._server.serve(sockets=sockets)
+    return Server(config)
 
 
 @contextmanager
