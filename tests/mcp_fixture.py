@@ -62,3 +62,10 @@ def held(args: Any, ctx: ToolContext) -> str:
         os.read(release, 1)
     say("BODY ENDED")
     return "late"
+
+
+def make_registry() -> ToolRegistry:
+    """A zero-argument factory, as `python -m toolreg mcp mcp_fixture:make_registry` accepts."""
+    made = ToolRegistry(max_workers=1)
+    made.tool(add)
+    return made

@@ -195,6 +195,54 @@ def test_importing_toolreg_never_imports_the_mcp_sdk() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_the_public_names_of_toolreg_mcp_are_pinned() -> None:
+    import toolreg.mcp
+
+    assert toolreg.mcp.__all__ == ["RequestCancelled", "build_server", "serve"]
+
+
+def test_build_server_and_serve_refuse_bad_arguments_before_anything_runs() -> None:
+    from toolreg.mcp import serve
+
+    with open_registry(max_workers=1) as registry:
+        with pytest.raises(TypeError, match="ToolRegistry"):
+            build_server(object())  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="max_concurrent_calls"):
+            build_server(registry, max_concurrent_calls=0)
+        with pytest.raises(TypeError, match="CancelToken"):
+            build_server(registry, token="stop")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="transport"):
+            serve(registry, transport="sse")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="port"):
+            serve(registry, transport="streamable-http", port=70000)
+        with pytest.raises(ValueError, match="path"):
+            serve(registry, transport="streamable-http", path="mcp")
+        assert not registry.closed
+
+
+def test_the_cli_target_names_a_registry_or_a_factory_and_bad_targets_exit_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolreg import _mcp_cli
+    from toolreg.__main__ import main
+
+    monkeypatch.syspath_prepend(str(TESTS))
+    import mcp_fixture
+
+    assert _mcp_cli.load_registry("mcp_fixture") == (mcp_fixture.registry, False)
+    made, owned = _mcp_cli.load_registry("mcp_fixture:make_registry")
+    assert owned and [tool.name for tool in made.tools()] == ["add"]
+    made.close()
+    for target, problem in [
+        ("mcp_fixture:nothing", "has no attribute 'nothing'"),
+        ("mcp_fixture:WAIT", "is a float: name a ToolRegistry"),
+        (":registry", "TARGET must be module:attribute"),
+        ("no_such_module_here", "No module named"),
+    ]:
+        assert main(["mcp", target]) == 2
+        assert problem in capsys.readouterr().err
+
+
 # -- tools/list ---------------------------------------------------------------------------------
 
 

@@ -37,19 +37,14 @@ streamable HTTP, where the `Mcp-Session-Id` header tells sessions apart.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import itertools
-import json
 import logging
 import os
-import queue
-import threading
 from asyncio import FIRST_COMPLETED
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -60,12 +55,13 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 
 from ._cancel import CancelSource, CancelToken
-from ._progress import ToolProgress
+from ._mcp_loop import OFF_LOOP, Admission, ProgressPump
+from ._mcp_results import RequestCancelled, RequestId, answer
 from ._registry import ToolRegistry
-from ._results import ErrorCode, ToolCall, ToolResult
+from ._results import ToolCall, ToolResult
 from .aio import AsyncToolRegistry
 
-__all__ = ["REASON_WAIT", "Bridge", "Connection", "RequestCancelled"]
+__all__ = ["REASON_WAIT", "Bridge", "Connection"]
 
 logger = logging.getLogger("toolreg")
 
@@ -74,34 +70,6 @@ REASON_WAIT = 1.0
 
 The SDK hands the notification to us right after cancelling the handler, on the same loop, so
 this wait normally ends within a loop turn; the bound covers a notification the SDK drops."""
-
-RequestId = str | int
-
-
-@dataclass(frozen=True)
-class RequestCancelled:
-    """Why an MCP request's call was cancelled: the reason its token carries (not an exception).
-
-    `cause` is `"client"` (the client sent `notifications/cancelled`, as it does on its read
-    timeout; `client_reason` is the reason it stated, or None), `"closed"` (the request ended
-    without one: the client disconnected or the connection closed), or `"shutdown"` (`serve()`
-    is stopping on SIGTERM or SIGINT). `str()` names the request and the cause::
-
-        MCP request 7 cancelled by the client: timed out after 0.2s
-    """
-
-    request_id: RequestId
-    cause: Literal["client", "closed", "shutdown"]
-    client_reason: str | None = None
-
-    def __str__(self) -> str:
-        request = f"MCP request {self.request_id!r}"
-        if self.cause == "client":
-            stated = self.client_reason if self.client_reason else "(no reason given)"
-            return f"{request} cancelled by the client: {stated}"
-        if self.cause == "shutdown":
-            return f"{request} cancelled: the server is shutting down"
-        return f"{request} ended: the client disconnected or the connection closed"
 
 
 class Connection:
@@ -144,7 +112,7 @@ class Bridge:
         self._registry = registry
         self._areg = AsyncToolRegistry(registry)
         self._token = token
-        self._admission = _Admission(max_concurrent_calls)
+        self._admission = Admission(max_concurrent_calls)
         self._nonce = f"{os.urandom(4).hex()}-"  # with the counter: unique across processes
         self._counter = itertools.count(1)
         self.stopping = False
@@ -224,7 +192,7 @@ class Bridge:
             self._handlers -= 1
             if not self._handlers and self._idle is not None and not self._idle.done():
                 self._idle.set_result(None)
-        return _answer(result)
+        return answer(result)
 
     async def _run(
         self,
@@ -236,7 +204,8 @@ class Bridge:
     ) -> ToolResult[Any]:
         """The admitted call: run it, relay the request's end to its source, join it."""
         loop = asyncio.get_running_loop()
-        progress = _ProgressPump(ctx) if progress_token_from_params(ctx.params) else None
+        wants_progress = progress_token_from_params(ctx.params) is not None  # 0 is a token
+        progress = ProgressPump(ctx) if wants_progress else None
         running = loop.create_task(
             self._areg.execute(
                 call, token=source.token, start_if_cancelled=False, progress=progress
@@ -328,121 +297,6 @@ async def _join(running: asyncio.Task[Any]) -> None:
                 await asyncio.wait((running,))
 
 
-class _Admission:
-    """`max_concurrent_calls` slots, handed over first come, first served (event loop only)."""
-
-    __slots__ = ("_free", "_waiting")
-
-    def __init__(self, slots: int) -> None:
-        self._free = slots
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    def try_acquire(self) -> bool:
-        """Take a free slot without waiting, unless others are already waiting."""
-        if self._free and not self._waiting:
-            self._free -= 1
-            return True
-        return False
-
-    async def acquire(self) -> None:
-        """Wait for a slot; a cancelled waiter holds none (a slot handed to it is passed on)."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # handed over just as it was cancelled: pass it on
-            else:
-                self._waiting.remove(waiter)
-            raise
-
-    def release(self) -> None:
-        """Give the slot to the longest waiter, or free it."""
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self._free += 1
-
-
-class _ProgressPump:
-    """Relays a call's progress to `notifications/progress`, coalesced to the latest update.
-
-    `__call__` runs on the event loop (the facade schedules it there) and wakes the pump, a
-    task of its own that sends one update at a time. `close()` cancels that task: the handler
-    closes it before it answers and as soon as the request is cancelled, so nothing is sent
-    after either.
-    """
-
-    __slots__ = ("_closed", "_latest", "_task", "_wake")
-
-    def __init__(self, ctx: ServerRequestContext[Connection]) -> None:
-        self._latest: ToolProgress | None = None
-        self._wake = asyncio.Event()
-        self._closed = False
-        self._task = asyncio.get_running_loop().create_task(self._pump(ctx))
-
-    def __call__(self, update: ToolProgress) -> None:
-        if not self._closed:
-            self._latest = update
-            self._wake.set()
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._task.cancel()
-
-    async def _pump(self, ctx: ServerRequestContext[Connection]) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            update, self._latest = self._latest, None
-            if update is None:
-                continue
-            try:
-                await ctx.session.report_progress(update.progress, update.total, update.message)
-            except Exception:  # progress is best effort: it must never fail the call
-                logger.exception("toolreg: sending MCP progress failed; no more is sent")
-                return
-
-
-def _answer(result: ToolResult[Any]) -> types.CallToolResult:
-    """The MCP answer for a settled call (the mapping in `toolreg.mcp`'s docstring)."""
-    error = result.error
-    if error is not None and error.code == ErrorCode.UNKNOWN_TOOL:
-        raise MCPError(types.INVALID_PARAMS, error.message)
-    meta: dict[str, Any] = {
-        "toolreg/code": None if error is None else error.code.value,
-        "toolreg/dispatched": result.dispatched,
-        "toolreg/callId": result.call.call_id,
-    }
-    if result.contexts:
-        contexts = _json_copy(list(result.contexts))
-        if contexts is not None:
-            meta["toolreg/contexts"] = contexts
-    content: list[types.ContentBlock] = [types.TextContent(type="text", text=result.content)]
-    if error is not None:
-        return types.CallToolResult(content=content, is_error=True, _meta=meta)
-    structured = _json_copy(result.value) if isinstance(result.value, Mapping) else None
-    return types.CallToolResult(content=content, structured_content=structured, _meta=meta)
-
-
-def _json_copy(value: Any) -> Any:
-    """A plain JSON copy of `value` (mappings become objects), or None if it is not JSON."""
-    try:
-        return json.loads(json.dumps(value, default=_plain, allow_nan=False))
-    except (TypeError, ValueError, RecursionError):
-        return None
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise TypeError(f"{type(value).__name__} is not JSON")
-
-
 def _session_id(ctx: ServerRequestContext[Connection]) -> str | None:
     """The streamable HTTP session of the message (None on stdio and in memory)."""
     headers = getattr(ctx.request, "headers", None)
@@ -462,46 +316,3 @@ def _cancel_requested(ctx: ServerRequestContext[Connection]) -> anyio.Event | No
     outbound = getattr(ctx.session, "_request_outbound", None)
     flag = getattr(outbound, "cancel_requested", None)
     return flag if isinstance(flag, anyio.Event) else None
-
-
-class _OffLoop:
-    """A daemon thread that runs cancellations handed over from event loops, in order.
-
-    Started by the first `Bridge` (outside any hot path); after `fork()` the child starts a new
-    one on first use. A job that raises is logged and the thread carries on.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards _thread and _pid (start is idempotent)
-        self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-
-    def start(self) -> None:
-        with self._lock:
-            if self._thread is not None and self._pid == os.getpid():
-                return
-            self._jobs = queue.SimpleQueue()
-            thread = threading.Thread(
-                target=self._serve, args=(self._jobs,), name="toolreg-mcp-canceller", daemon=True
-            )
-            thread.start()
-            self._thread, self._pid = thread, os.getpid()
-
-    def call_soon(self, job: Callable[[], object]) -> None:
-        """Run `job()` on the thread; never blocks (but starts the thread after a fork)."""
-        if self._pid != os.getpid():
-            self.start()
-        self._jobs.put(job)
-
-    @staticmethod
-    def _serve(jobs: queue.SimpleQueue[Callable[[], object]]) -> None:
-        while True:
-            job = jobs.get()
-            try:
-                job()
-            except BaseException:  # the thread must survive anything a callback does
-                logger.exception("toolreg: cancelling an MCP call raised")
-
-
-OFF_LOOP = _OffLoop()

@@ -84,10 +84,6 @@ def load_registry(target: str) -> tuple[ToolRegistry, bool]:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until stopped; 0 after a clean stop, 2 for a bad target or a missing extra."""
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s"
-    )
-    logging.getLogger("toolreg").setLevel(logging.INFO)
     try:
         from . import mcp
     except ImportError as exc:
@@ -98,6 +94,11 @@ def run(args: argparse.Namespace) -> int:
     except (ImportError, ValueError) as exc:
         print(f"python -m toolreg mcp: {exc}", file=sys.stderr)
         return 2
+    # stderr is the log channel of a stdio server (stdout carries the protocol).
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    logging.getLogger("toolreg").setLevel(logging.INFO)
     try:
         mcp.serve(
             registry,

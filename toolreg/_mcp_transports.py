@@ -130,11 +130,18 @@ async def _on_signals(stop: Callable[[], None], transport: str) -> None:
     """On the first SIGTERM or SIGINT, `stop()`; later ones only say that it is stopping."""
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers live on the main thread: whoever runs us stops us
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        stopping = False
-        async for signum in signals:
-            name = signal.Signals(signum).name
-            if not stopping:
+    try:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            stopping = False
+            async for signum in signals:
+                name = signal.Signals(signum).name
+                if stopping:
+                    logger.warning(
+                        "toolreg: %s: already stopping; waiting for the calls in flight to "
+                        "settle (a body is never abandoned)",
+                        name,
+                    )
+                    continue
                 stopping = True
                 logger.info(
                     "toolreg: %s: stopping the MCP server (%s); cancelling and joining the "
@@ -143,12 +150,8 @@ async def _on_signals(stop: Callable[[], None], transport: str) -> None:
                     transport,
                 )
                 stop()
-            else:
-                logger.warning(
-                    "toolreg: %s: already stopping; waiting for the calls in flight to settle "
-                    "(a body is never abandoned)",
-                    name,
-                )
+    except NotImplementedError:  # pragma: no cover - a loop without signal handlers (Windows)
+        return
 
 
 class WriteGate:

@@ -55,7 +55,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("toolreg.mcp needs the MCP SDK: pip install 'toolreg[mcp]'") from exc
 
 from ._cancel import CancelToken
-from ._mcp_bridge import Bridge, Connection, RequestCancelled
+from ._mcp_bridge import Bridge, Connection
+from ._mcp_results import RequestCancelled
 from ._registry import ToolRegistry
 
 __all__ = ["RequestCancelled", "build_server", "serve"]
