@@ -7,6 +7,7 @@ pipe whose read end is `TOOLREG_TEST_RELEASE_FD`, so the test decides when it re
 
 from __future__ import annotations
 
+import atexit
 import os
 import select
 import subprocess
@@ -24,6 +25,8 @@ def say(line: str) -> None:
 
 
 registry = ToolRegistry(max_workers=4)
+if "TOOLREG_TEST_RELEASE_FD" in os.environ:  # served by a test: report whether serve() closed it
+    atexit.register(lambda: say(f"EXIT registry closed: {registry.closed}"))
 registry.on_result(
     lambda result: say(
         f"RESULT {result.call.call_id} {result.error.code.value if result.error else 'OK'}"

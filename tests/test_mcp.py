@@ -15,6 +15,7 @@ Async tests are plain functions that drive `anyio.run` (no pytest plugin).
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import queue
@@ -766,12 +767,13 @@ class RawServer:
         self.proc.stdin.write(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")
         self.proc.stdin.flush()
 
-    def initialize(self) -> None:
+    def initialize(self) -> dict[str, Any]:
         params = {"protocolVersion": "2025-11-25", "capabilities": {}}
         params["clientInfo"] = {"name": "raw", "version": "0"}
         self.send({"id": 0, "method": "initialize", "params": params})
-        self.answer(0)
+        result: dict[str, Any] = self.answer(0)["result"]
         self.send({"method": "notifications/initialized"})
+        return result
 
     def answer(self, request_id: int) -> dict[str, Any]:
         """The next answer read, which must be for `request_id`."""
@@ -846,7 +848,8 @@ def call(request_id: int, name: str, **arguments: Any) -> dict[str, Any]:
 
 def test_stdio_cancel_and_eof_cancel_and_join_the_body_and_never_answer_it() -> None:
     with raw_server() as server:
-        server.initialize()
+        info = server.initialize()["serverInfo"]
+        assert info == {"name": "toolreg", "version": importlib.metadata.version("toolreg")}
         # notifications/cancelled: the body sees the stated reason; other requests go on.
         server.send(call(1, "held"))
         assert server.expect("BODY STARTED").startswith("mcp:1:")
@@ -882,7 +885,8 @@ def test_stdio_cancel_and_eof_cancel_and_join_the_body_and_never_answer_it() -> 
     assert written == []  # neither request 1 nor request 4 was ever answered
     assert after[0] == "BODY ENDED"
     assert after[1].startswith("RESULT mcp:4:") and after[1].endswith("ABORTED")
-    assert "stopped (stdio); every call settled" in after[-1]
+    assert "stopped (stdio); every call settled" in after[-2]
+    assert after[-1] == "EXIT registry closed: False"  # serve() closes no registry it was given
 
 
 def test_stdio_sigterm_cancels_and_joins_the_body_then_exits_zero_with_stdin_open() -> None:
@@ -901,7 +905,7 @@ def test_stdio_sigterm_cancels_and_joins_the_body_then_exits_zero_with_stdin_ope
     assert status == 0
     assert written == []
     assert after[0] == "BODY ENDED"
-    assert "stopped (stdio); every call settled" in after[-1]
+    assert "stopped (stdio); every call settled" in after[-2]
 
 
 # -- streamable HTTP ------------------------------------------------------------------------------
@@ -996,4 +1000,4 @@ def test_the_cli_serves_streamable_http_and_stops_on_sigterm_after_joining_calls
     assert status == 0
     assert "BODY ENDED" in after
     assert any(line.endswith("ABORTED") for line in after)
-    assert "stopped (streamable-http); every call settled" in after[-1]
+    assert "stopped (streamable-http); every call settled" in after[-2]

@@ -117,6 +117,7 @@ class Bridge:
         self._counter = itertools.count(1)
         self.stopping = False
         self._handlers = 0  # tools/call handlers running (event loop only)
+        self._shared = Connection()  # for a server whose lifespan no longer yields ours
         self._idle: asyncio.Future[None] | None = None  # done when _handlers drops to 0
         OFF_LOOP.start()  # here, not on the loop at the first cancel: Thread.start() can stall
 
@@ -162,7 +163,7 @@ class Bridge:
         call_id = f"mcp:{request_id}:{self._nonce}{next(self._counter)}"
         call = ToolCall(params.name, params.arguments, call_id=call_id)
         request = _Request(_cancel_requested(ctx))
-        requests = ctx.lifespan_context.requests
+        requests = self._connection(ctx).requests
         key = (_session_id(ctx), coerce_request_id(request_id))
         requests[key] = request
         source = CancelSource(self._token) if self._token is not None else CancelSource()
@@ -268,6 +269,11 @@ class Bridge:
             return RequestCancelled(request_id, "client", request.client_reason)
         return RequestCancelled(request_id, "shutdown" if self.stopping else "closed")
 
+    def _connection(self, ctx: ServerRequestContext[Connection]) -> Connection:
+        """The request's connection state (the bridge's own if the lifespan was replaced)."""
+        connection = ctx.lifespan_context
+        return connection if isinstance(connection, Connection) else self._shared
+
     async def on_cancelled(
         self, ctx: ServerRequestContext[Connection], params: types.CancelledNotificationParams
     ) -> None:
@@ -275,7 +281,7 @@ class Bridge:
         if params.request_id is None:
             return
         key = (_session_id(ctx), coerce_request_id(params.request_id))
-        request = ctx.lifespan_context.requests.get(key)
+        request = self._connection(ctx).requests.get(key)
         if request is None or request.notified:
             return  # finished already (a legal race), or not ours
         request.notified = True

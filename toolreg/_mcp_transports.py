@@ -54,8 +54,8 @@ logger = logging.getLogger("toolreg")
 async def serve_stdio(server: Server[Connection], bridge: Bridge, lines: StdinLines) -> None:
     """Serve one stdio connection until EOF or a signal; every call joined on return."""
     async with stdio_server(stdin=cast(Any, lines)) as (read, write):
-        gate = WriteGate(write)
-        lines.on_end = gate.close  # input over: the connection is closing, answer nothing more
+        # Once the input is over (EOF or a signal) the connection is closing: answer nothing more.
+        gate = WriteGate(write, lambda: lines.ended)
 
         def stop() -> None:
             bridge.stopping = True
@@ -155,18 +155,14 @@ async def _on_signals(stop: Callable[[], None], transport: str) -> None:
 
 
 class WriteGate:
-    """The server's write stream, shut to every message once the connection is closing."""
+    """The server's write stream, shut to every message once `closing()` is true."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, closing: Callable[[], bool]) -> None:
         self._inner = inner
-        self.closed = False  # read and set on the event loop only
-
-    def close(self) -> None:
-        """Drop every later message (answers to the requests still in flight included)."""
-        self.closed = True
+        self._closing = closing  # read on the event loop only
 
     async def send(self, item: SessionMessage, /) -> None:
-        if self.closed:
+        if self._closing():
             logger.debug("toolreg: connection closing, not sent: %r", item.message)
             return
         await self._inner.send(item)
@@ -209,10 +205,14 @@ class StdinLines:
             tuple[asyncio.AbstractEventLoop, asyncio.Future[bytes]] | None
         ] = queue.SimpleQueue()
         self._pending: asyncio.Future[bytes] | None = None
-        self._ended = False
-        self.on_end: Callable[[], None] | None = None
+        self._ended = False  # EOF seen or stop() called (event loop only)
         self._thread = threading.Thread(target=self._read, name="toolreg-mcp-stdin", daemon=True)
         self._thread.start()
+
+    @property
+    def ended(self) -> bool:
+        """True once EOF was read or `stop()` was called: no line will follow."""
+        return self._ended
 
     def __aiter__(self) -> StdinLines:
         return self
@@ -228,30 +228,24 @@ class StdinLines:
             line = await pending
         finally:
             self._pending = None
-        if not line:
-            self._end()
+        if not line or self._ended:
+            self._ended = True
             raise StopAsyncIteration
         return line.decode("utf-8", errors="replace")
 
     def stop(self) -> None:
-        """End the input now, as if EOF had come (on the event loop)."""
+        """End the input now, as if EOF had come (on the event loop); a line read later is
+        dropped."""
+        self._ended = True
         pending = self._pending
         if pending is not None and not pending.done():
             pending.set_result(b"")
-        else:
-            self._end()
         self._requests.put(None)  # the thread leaves after the read it may be blocked in
 
     def restore(self) -> None:
         """Point fd 0 back at the protocol stream (the duplicate stays open: see the class)."""
         self._requests.put(None)
         os.dup2(self._fd, 0)
-
-    def _end(self) -> None:
-        if not self._ended:
-            self._ended = True
-            if self.on_end is not None:
-                self.on_end()
 
     def _read(self) -> None:
         while True:
