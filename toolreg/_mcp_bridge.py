@@ -223,6 +223,8 @@ class Bridge:
             if not running.done():
                 OFF_LOOP.call_soon(functools.partial(source.cancel, reason))
             await _join(running)
+            if not running.cancelled():
+                running.exception()  # retrieved: the request is over, nobody else will read it
             raise  # never answered, even by a dispatcher that would deliver a late return
         finally:
             if progress is not None:
@@ -264,7 +266,9 @@ class Bridge:
                 waits: set[asyncio.Future[Any]] = {request.reason}
                 if running is not None:
                     waits.add(running)
-                with anyio.CancelScope(shield=True):
+                # Shielded from anyio; a raw Task.cancel() only ends the wait: the caller still
+                # cancels the source and joins the call before re-raising.
+                with anyio.CancelScope(shield=True), contextlib.suppress(asyncio.CancelledError):
                     await asyncio.wait(waits, timeout=REASON_WAIT, return_when=FIRST_COMPLETED)
             return RequestCancelled(request_id, "client", request.client_reason)
         return RequestCancelled(request_id, "shutdown" if self.stopping else "closed")
