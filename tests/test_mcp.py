@@ -158,11 +158,13 @@ async def tapped(server: Server[Any], taps: list[Tap]) -> AsyncIterator[Any]:
 
 
 @asynccontextmanager
-async def wire(server: Server[Any], **client_options: Any) -> AsyncIterator[Wire]:
+async def wire(
+    server: Server[Any], mode: str = "legacy", **client_options: Any
+) -> AsyncIterator[Wire]:
     settled = Settled()
     server.middleware.append(settled)
     taps: list[Tap] = []
-    async with Client(tapped(server, taps), mode="legacy", **client_options) as client:
+    async with Client(tapped(server, taps), mode=mode, **client_options) as client:  # type: ignore[arg-type]
         yield Wire(client, taps[0], settled)
 
 
@@ -424,7 +426,12 @@ def test_a_closed_registry_is_a_protocol_error_internal_error() -> None:
 # -- cancellation ---------------------------------------------------------------------------------
 
 
-def test_a_client_cancel_reaches_a_cooperative_body_with_its_reason_and_is_never_answered() -> None:
+@pytest.mark.parametrize(
+    "mode", ["legacy", "2026-07-28"]
+)  # the handshake era, and the per-request one
+def test_a_client_cancel_reaches_a_cooperative_body_with_its_reason_and_is_never_answered(
+    mode: str,
+) -> None:
     gate, seen = Gate(), {}
     with served() as (registry, observed):
 
@@ -438,7 +445,7 @@ def test_a_client_cancel_reaches_a_cooperative_body_with_its_reason_and_is_never
             return "never"
 
         async def main() -> None:
-            async with wire(build_server(registry)) as w:
+            async with wire(build_server(registry), mode) as w:
                 scope = anyio.CancelScope()
 
                 async def call() -> None:
