@@ -156,7 +156,8 @@ def _compile_object_schema(
         schema = {"type": "object", **schema}
     elif schema["type"] != "object":
         raise ValueError(
-            f"tool {name!r}: the {what} schema's root type must be 'object', got {schema['type']!r}"
+            f"tool {name!r}: the {what} schema's root type must be 'object', "
+            f"got {schema['type']!r}"
         )
     try:
         validator: Validator = fastjsonschema.compile(_plain(schema), use_default=False)
