@@ -298,8 +298,8 @@ async def _join(running: asyncio.Task[Any]) -> None:
     """Wait until the call has settled, whatever cancellation arrives meanwhile; never spins.
 
     The anyio shield stops anyio re-delivering the request's cancel at every await; a raw
-    `Task.cancel()` (a server tearing its tasks down) is absorbed, once per call, because a
-    started body is never abandoned.
+    `Task.cancel()` (a server tearing its tasks down) ends one `asyncio.wait` and the loop waits
+    again: a started body is never abandoned. The caller re-raises its own cancellation.
     """
     with anyio.CancelScope(shield=True):
         while not running.done():
