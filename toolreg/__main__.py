@@ -1,4 +1,10 @@
-"""`python -m toolreg <command>`: `demo` (a live demonstration), `stats` and `report` (of logs)."""
+"""`python -m toolreg <command>`: `demo` (a live demonstration), `stats` and `report` (of
+logs), `mcp` (serve a registry).
+
+`mcp` serves a registry over the Model Context Protocol and `report` draws result logs; their
+optional dependencies are imported only when they run, so the other commands never need the
+`toolreg[mcp]` or `toolreg[report]` extras.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import argparse
 import os
 import sys
 
-from . import _demo, _report, _stats
+from . import _demo, _mcp_cli, _report, _stats
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,11 +41,20 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _report.add_arguments(report)
+    mcp = commands.add_parser(
+        "mcp",
+        help="serve a registry over the Model Context Protocol (needs toolreg[mcp])",
+        description=_mcp_cli.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _mcp_cli.add_arguments(mcp)
     args = parser.parse_args(argv)
     if args.command == "demo":
         return _demo.run(args)
     if args.command == "report":
         return _report.run(args)
+    if args.command == "mcp":
+        return _mcp_cli.run(args)
     return _stats.run(args)
 
 

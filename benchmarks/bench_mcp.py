@@ -1,0 +1,217 @@
+"""The MCP bridge: `tools/call` through `toolreg.mcp` against a plain MCP low-level handler.
+
+Every MCP variant is the SDK's own client (`mcp.Client`, `mode="legacy"`) talking JSON-RPC over
+in-memory streams to a low-level `Server` in the same event loop:
+
+* "plain MCP handler" (the baseline: 1.00x): an `on_call_tool` handler that calls the tool
+  function itself, on the event loop, and returns its text, with no toolreg at all;
+* "toolreg.mcp bridge" (target <= 1.30x): `build_server(registry)` on a registry holding the
+  same function: a model-driven call through the whole pipeline, one thread hop, the join;
+* "registry.execute, no MCP" and "AsyncToolRegistry.execute, no MCP": the call alone (sync,
+  from a plain thread; awaited, one thread hop), for scale: the bridge's cost is about the
+  second plus its own bookkeeping.
+
+Two shapes: sequential calls, and 8 concurrent callers on one connection. Variants are
+interleaved within each repeat (`_harness.interleaved`), with the cyclic GC off while timing;
+figures are medians of wall time per call. The event loop runs on its own thread (an anyio
+blocking portal), entered once per timed run, not once per call.
+
+Last, the CPU the process spends while a client-cancelled call waits for an uncooperative body
+(the handler's join): anyio re-delivers a cancel at every await of a cancelled scope, so a
+join that does not sleep shows up here as a share of a core.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import mcp_types as types
+from mcp import Client
+from mcp.server import Server
+from mcp.shared.exceptions import MCPError
+
+from toolreg import ToolRegistry
+from toolreg.aio import AsyncToolRegistry
+from toolreg.mcp import build_server
+
+from ._harness import Row, format_time, interleaved, ratio, timed_once, verdict
+
+WORKERS = 8
+CONCURRENCY = 8
+TARGET = 1.30  # bridge / plain handler
+BASELINE = "plain MCP handler"
+ARGUMENTS: dict[str, Any] = {"q": "quiescent cancellation", "limit": 10}
+
+
+def search(args: Any, ctx: Any) -> str:
+    """The tool body every variant runs."""
+    return "ok"
+
+
+def plain_server() -> Server[Any]:
+    """A low-level server whose `tools/call` calls `search` directly: MCP with no toolreg."""
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        schema = {"type": "object", "properties": {}}
+        return types.ListToolsResult(tools=[types.Tool(name="search", input_schema=schema)])
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        text = search(params.arguments or {}, None)
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+    return Server("plain", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def _calls(client: Client, calls: int, concurrency: int) -> None:
+    async def caller(count: int) -> None:
+        for _ in range(count):
+            await client.call_tool("search", ARGUMENTS)
+
+    async with anyio.create_task_group() as group:
+        for _ in range(concurrency):
+            group.start_soon(caller, calls // concurrency)
+
+
+@asynccontextmanager
+async def _clients(servers: dict[str, Server[Any]]) -> AsyncIterator[dict[str, Client]]:
+    async with (
+        Client(servers[BASELINE], mode="legacy") as plain,
+        Client(servers["toolreg.mcp bridge"], mode="legacy") as bridged,
+    ):
+        yield {BASELINE: plain, "toolreg.mcp bridge": bridged}
+
+
+@contextmanager
+def _portal() -> Iterator[anyio.from_thread.BlockingPortal]:
+    with anyio.from_thread.start_blocking_portal(backend="asyncio") as portal:
+        yield portal
+
+
+def measure(quick: bool) -> dict[str, float]:
+    """Median seconds per call, keyed `<variant>|<concurrency>`."""
+    repeats = 5 if quick else 15
+    calls = 200 if quick else 2_000
+    registry = ToolRegistry(max_workers=WORKERS)
+    registry.tool(search)
+    servers = {BASELINE: plain_server(), "toolreg.mcp bridge": build_server(registry)}
+    try:
+        with _portal() as portal, portal.wrap_async_context_manager(_clients(servers)) as clients:
+
+            def timed(client: Client, concurrency: int) -> Callable[[], float]:
+                def workload(n: int) -> None:
+                    portal.call(_calls, client, n, concurrency)
+
+                return lambda: timed_once(workload, calls) / calls
+
+            areg = AsyncToolRegistry(registry)
+
+            async def facade(n: int, concurrency: int) -> None:
+                async def caller(count: int) -> None:
+                    for _ in range(count):
+                        await areg.execute("search", ARGUMENTS, start_if_cancelled=False)
+
+                async with anyio.create_task_group() as group:
+                    for _ in range(concurrency):
+                        group.start_soon(caller, n // concurrency)
+
+            portal.call(facade, 16 * WORKERS, 4 * WORKERS)  # every pool thread started
+            for client in clients.values():  # warm up: threads, caches, the tools listing
+                portal.call(_calls, client, 4 * WORKERS, WORKERS)
+            runs = {
+                f"{name}|{concurrency}": timed(client, concurrency)
+                for concurrency in (1, CONCURRENCY)
+                for name, client in clients.items()
+            }
+
+            def direct(n: int) -> None:
+                for _ in range(n):
+                    registry.execute("search", ARGUMENTS, start_if_cancelled=False)
+
+            runs["registry.execute, no MCP|1"] = lambda: timed_once(direct, calls) / calls
+            runs["AsyncToolRegistry.execute, no MCP|1"] = lambda: (
+                timed_once(lambda n: portal.call(facade, n, 1), calls) / calls
+            )
+            return interleaved(runs, repeats)
+    finally:
+        registry.close()
+
+
+def held_join_cpu(window: float) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of this process while a cancelled call's body is held."""
+    registry = ToolRegistry(max_workers=2)
+    started, release, cancelled = threading.Event(), threading.Event(), threading.Event()
+
+    @registry.tool
+    def stubborn(args: Any, ctx: Any) -> str:
+        ctx.token.on_cancel(cancelled.set)
+        started.set()
+        release.wait(30.0)  # ignores its token until released
+        return "late"
+
+    server = build_server(registry)
+    figures: list[float] = []
+
+    async def main() -> None:
+        async with Client(server, mode="legacy") as client:
+            with contextlib.suppress(MCPError):  # the client's timeout: the server now joins
+                await client.call_tool("stubborn", read_timeout_seconds=0.05)
+            await anyio.to_thread.run_sync(cancelled.wait, 30.0)
+            wall, cpu = time.perf_counter(), time.process_time()
+            await anyio.to_thread.run_sync(threading.Event().wait, window)
+            figures[:] = [time.process_time() - cpu, time.perf_counter() - wall]
+            release.set()
+
+    try:
+        anyio.run(main, backend="asyncio")
+    finally:
+        release.set()
+        registry.close()
+    return figures[0], figures[1]
+
+
+def run(quick: bool) -> list[Row]:
+    """Measure and return the table's rows."""
+    medians = measure(quick)
+    rows: list[Row] = []
+    for concurrency in (1, CONCURRENCY):
+        shape = "sequential" if concurrency == 1 else f"{concurrency} concurrent callers"
+        base = medians[f"{BASELINE}|{concurrency}"]
+        for key, cost in medians.items():
+            name, level = key.rsplit("|", 1)
+            if int(level) != concurrency:
+                continue
+            figure = f"{format_time(cost)}/call"
+            if name == "toolreg.mcp bridge":
+                target = f"<= {TARGET:.2f}x"
+                check = verdict(cost / base, TARGET)
+                rows.append(Row(f"{name}, {shape}", figure, ratio(cost, base), target, check))
+            else:
+                label = f"{name}, {shape}" + (" (baseline)" if name == BASELINE else "")
+                rows.append(Row(label, figure, ratio(cost, base)))
+    cpu, wall = held_join_cpu(0.2 if quick else 1.0)
+    share = cpu / wall
+    rows.append(
+        Row(
+            f"CPU while a cancelled call joins a held body ({wall:.2f} s)",
+            f"{cpu * 1e3:.1f} ms",
+            f"{share:.1%} of a core",
+            "<= 10%",
+            verdict(share, 0.10),
+        )
+    )
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    from ._harness import format_table
+
+    print(format_table("bench_mcp", run(quick="--quick" in sys.argv)))

@@ -1,0 +1,328 @@
+"""The MCP bridge: `tools/list` and `tools/call` handlers that serve a `ToolRegistry`.
+
+One `tools/call` request is one model-driven call (`start_if_cancelled=False`) under a fresh
+`CancelSource` (a child of the server's token, if any). The handler runs the call as a task of
+its own (`AsyncToolRegistry.execute`: the pipeline on a pool worker) and waits for it with
+`asyncio.wait`, which never cancels what it waits for. So the request's end reaches the call
+only one way, as a cancel of its source with a reason, and anyio (which re-delivers a cancel
+at every await of a cancelled scope) meets the handler once; the join that follows runs in a
+shielded scope and sleeps until the call has settled.
+
+How a request ends on the client's side, and the reason the body sees:
+
+* `notifications/cancelled` (the client's cancel, or its read timeout): the SDK cancels the
+  handler's scope before it hands us the notification, so the handler waits (shielded, bounded
+  by `REASON_WAIT`) for our notification handler to deliver the client's stated reason, then
+  cancels the source with `RequestCancelled(id, "client", reason)`.
+* a disconnect or the connection's end (EOF): the same scope cancel with no notification:
+  `RequestCancelled(id, "closed")`; `"shutdown"` when `serve()` is stopping on a signal.
+
+The cancel runs on `OFF_LOOP`, a daemon thread, never on the event loop: cancelling runs every
+callback registered on the call's token, a body's own `on_cancel` callbacks included. The
+handler returns only after the call has settled (body joined, observers notified), and a
+request that ended on the client's side is never answered: the handler re-raises the
+cancellation, even on an in-process dispatcher that would deliver a late return.
+
+`max_concurrent_calls` is an admission limit. A request that ends before its call starts
+(while waiting for admission, or before its handler's first step) runs nothing: its source is
+cancelled before the call enters the registry (nothing is linked to it yet, so no callback runs
+on the loop), and the call goes through `AsyncToolRegistry.execute` already cancelled, so
+observers see `ABORTED_BEFORE_DISPATCH` and no hook or body runs.
+
+Requests are matched with their `notifications/cancelled` through the connection state that the
+server's lifespan yields (`Connection`): one per `Server.run` (stdio, in-memory), one per app on
+streamable HTTP, where the `Mcp-Session-Id` header tells sessions apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import os
+from asyncio import FIRST_COMPLETED
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.shared.dispatcher import coerce_request_id
+from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+
+from ._cancel import CancelSource, CancelToken
+from ._mcp_loop import OFF_LOOP, Admission, ProgressPump
+from ._mcp_results import RequestCancelled, RequestId, answer
+from ._registry import ToolRegistry
+from ._results import ToolCall, ToolResult
+from .aio import AsyncToolRegistry
+
+__all__ = ["REASON_WAIT", "Bridge", "Connection"]
+
+logger = logging.getLogger("toolreg")
+
+REASON_WAIT = 1.0
+"""Seconds a client-cancelled call waits for the notification that states the client's reason.
+
+The SDK hands the notification to us right after cancelling the handler, on the same loop, so
+this wait normally ends within a loop turn; the bound covers a notification the SDK drops."""
+
+
+class Connection:
+    """The lifespan state of one `Server.run` (or one HTTP app): its `tools/call` requests.
+
+    Only the event loop touches it, so it needs no lock.
+    """
+
+    __slots__ = ("requests",)
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str | None, RequestId], _Request] = {}
+
+
+class _Request:
+    """One `tools/call` request, from admission to its answer or its end on the client's side.
+
+    Read and written on the event loop only.
+    """
+
+    __slots__ = ("cancel_requested", "client_reason", "notified", "reason")
+
+    def __init__(self, cancel_requested: anyio.Event | None) -> None:
+        self.cancel_requested = cancel_requested  # the SDK's flag for a client cancel, if known
+        self.notified = False  # our notifications/cancelled handler has delivered the reason
+        self.client_reason: str | None = None
+        self.reason: asyncio.Future[None] | None = None  # done when the notification arrives
+
+
+class Bridge:
+    """Serves one registry: the handlers `build_server` registers on the `Server`.
+
+    `stopping` is set by `serve()` when a signal stops it, so calls cancelled by the shutdown
+    say so. Handlers run on one asyncio event loop (the calls go through `toolreg.aio`).
+    """
+
+    def __init__(
+        self, registry: ToolRegistry, token: CancelToken | None, max_concurrent_calls: int
+    ) -> None:
+        self._registry = registry
+        self._areg = AsyncToolRegistry(registry)
+        self._token = token
+        self._admission = Admission(max_concurrent_calls)
+        self._nonce = f"{os.urandom(4).hex()}-"  # with the counter: unique across processes
+        self._counter = itertools.count(1)
+        self.stopping = False
+        self._handlers = 0  # tools/call handlers running (event loop only)
+        self._shared = Connection()  # for a server whose lifespan no longer yields ours
+        self._idle: asyncio.Future[None] | None = None  # done when _handlers drops to 0
+        OFF_LOOP.start()  # here, not on the loop at the first cancel: Thread.start() can stall
+
+    async def wait_idle(self) -> None:
+        """Wait until no `tools/call` handler of this bridge is running."""
+        while self._handlers:
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
+
+    # -- tools/list ------------------------------------------------------------------------------
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Connection], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        """The registry's `mcp` catalog, one snapshot, in one page.
+
+        A tool the SDK's model refuses is left out with a warning: one bad definition must
+        not fail the whole listing.
+        """
+        tools = []
+        for schema in self._registry.catalog().schemas("mcp"):
+            try:
+                tools.append(types.Tool.model_validate(schema))
+            except ValueError as exc:  # pydantic's ValidationError
+                logger.warning("toolreg: MCP tools/list leaves out %r: %s", schema["name"], exc)
+        return types.ListToolsResult(tools=tools)
+
+    def input_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The advertised input schema of `name` (for the SDK's HTTP header checks), or None."""
+        for schema in self._registry.catalog().schemas("mcp"):
+            if schema["name"] == name:
+                found: Mapping[str, Any] = schema["inputSchema"]
+                return found
+        return None
+
+    # -- tools/call ------------------------------------------------------------------------------
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Connection], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        """Run the call; answer with its result, or never if the request ended first."""
+        request_id: RequestId = ctx.request_id if ctx.request_id is not None else "?"
+        call_id = f"mcp:{request_id}:{self._nonce}{next(self._counter)}"
+        call = ToolCall(params.name, params.arguments, call_id=call_id)
+        request = _Request(_cancel_requested(ctx))
+        requests = self._connection(ctx).requests
+        key = (_session_id(ctx), coerce_request_id(request_id))
+        requests[key] = request
+        source = CancelSource(self._token) if self._token is not None else CancelSource()
+        self._handlers += 1
+        try:
+            admitted = False
+            try:
+                if not self._admission.try_acquire():
+                    await self._admission.acquire()
+                admitted = True
+                # Ended before the call could start (while queued, or before this handler's
+                # first step): nothing may run, so the call must not even enter the registry.
+                await anyio.lowlevel.checkpoint_if_cancelled()
+            except asyncio.CancelledError:
+                if admitted:
+                    self._admission.release()
+                await self._never_admitted(request, request_id, call, source)
+                raise
+            try:
+                result = await self._run(ctx, request, request_id, call, source)
+            finally:
+                self._admission.release()
+        finally:
+            source.close()
+            if requests.get(key) is request:  # a client reusing an id may have replaced it
+                del requests[key]
+            self._handlers -= 1
+            if not self._handlers and self._idle is not None and not self._idle.done():
+                self._idle.set_result(None)
+        return answer(result)
+
+    async def _run(
+        self,
+        ctx: ServerRequestContext[Connection],
+        request: _Request,
+        request_id: RequestId,
+        call: ToolCall,
+        source: CancelSource,
+    ) -> ToolResult[Any]:
+        """The admitted call: run it, relay the request's end to its source, join it."""
+        loop = asyncio.get_running_loop()
+        wants_progress = progress_token_from_params(ctx.params) is not None  # 0 is a token
+        progress = ProgressPump(ctx) if wants_progress else None
+        running = loop.create_task(
+            self._areg.execute(
+                call, token=source.token, start_if_cancelled=False, progress=progress
+            )
+        )
+        try:
+            # Waiting never cancels the call: the request's end reaches it only as a cancel of
+            # its source, with the reason. anyio delivers the request's cancel here once.
+            await asyncio.wait((running,))
+        except asyncio.CancelledError:
+            if progress is not None:
+                progress.close()  # before anything else: no progress after the cancel
+            reason = await self._reason(request, request_id, running)
+            if not running.done():
+                OFF_LOOP.call_soon(functools.partial(source.cancel, reason))
+            await _join(running)
+            if not running.cancelled():
+                running.exception()  # retrieved: the request is over, nobody else will read it
+            raise  # never answered, even by a dispatcher that would deliver a late return
+        finally:
+            if progress is not None:
+                progress.close()
+        # Completed, but the request may have ended in the same turn: never answer it then.
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        try:
+            return running.result()
+        except Exception as exc:  # a closed registry, a refusing executor
+            logger.error("toolreg: MCP request %r could not run: %s", request_id, exc)
+            raise MCPError(types.INTERNAL_ERROR, f"the call could not run: {exc}") from exc
+
+    async def _never_admitted(
+        self, request: _Request, request_id: RequestId, call: ToolCall, source: CancelSource
+    ) -> None:
+        """Cancelled while waiting for admission: observers see it, nothing else runs."""
+        source.cancel(await self._reason(request, request_id, None))  # nothing linked yet
+        try:
+            # Unshielded in a cancelled scope: the facade claims the call back before a worker
+            # takes it (observers notified off the loop) or, if one already did, the call is
+            # pre-cancelled and model-driven, so no hook or body runs. Then it re-raises.
+            await self._areg.execute(call, token=source.token, start_if_cancelled=False)
+        except asyncio.CancelledError:
+            pass  # the caller re-raises the request's own cancellation
+        except Exception:
+            logger.debug("toolreg: recording a never-admitted MCP call failed", exc_info=True)
+
+    async def _reason(
+        self, request: _Request, request_id: RequestId, running: asyncio.Task[Any] | None
+    ) -> RequestCancelled:
+        """Why the request ended; waits (shielded, bounded) for a client's stated reason.
+
+        The wait also ends when the call settles by itself meanwhile (then nothing is
+        cancelled).
+        """
+        if request.cancel_requested is not None and request.cancel_requested.is_set():
+            if not request.notified:
+                request.reason = asyncio.get_running_loop().create_future()
+                waits: set[asyncio.Future[Any]] = {request.reason}
+                if running is not None:
+                    waits.add(running)
+                # Shielded from anyio; a raw Task.cancel() only ends the wait: the caller still
+                # cancels the source and joins the call before re-raising.
+                with anyio.CancelScope(shield=True), contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait(waits, timeout=REASON_WAIT, return_when=FIRST_COMPLETED)
+            return RequestCancelled(request_id, "client", request.client_reason)
+        return RequestCancelled(request_id, "shutdown" if self.stopping else "closed")
+
+    def _connection(self, ctx: ServerRequestContext[Connection]) -> Connection:
+        """The request's connection state (the bridge's own if the lifespan was replaced)."""
+        connection = ctx.lifespan_context
+        return connection if isinstance(connection, Connection) else self._shared
+
+    async def on_cancelled(
+        self, ctx: ServerRequestContext[Connection], params: types.CancelledNotificationParams
+    ) -> None:
+        """`notifications/cancelled`: hand the client's stated reason to the request's handler."""
+        if params.request_id is None:
+            return
+        key = (_session_id(ctx), coerce_request_id(params.request_id))
+        request = self._connection(ctx).requests.get(key)
+        if request is None or request.notified:
+            return  # finished already (a legal race), or not ours
+        request.notified = True
+        request.client_reason = params.reason
+        if request.reason is not None and not request.reason.done():
+            request.reason.set_result(None)
+
+
+async def _join(running: asyncio.Task[Any]) -> None:
+    """Wait until the call has settled, whatever cancellation arrives meanwhile; never spins.
+
+    The anyio shield stops anyio re-delivering the request's cancel at every await; a raw
+    `Task.cancel()` (a server tearing its tasks down) ends one `asyncio.wait` and the loop waits
+    again: a started body is never abandoned. The caller re-raises its own cancellation.
+    """
+    with anyio.CancelScope(shield=True):
+        while not running.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait((running,))
+
+
+def _session_id(ctx: ServerRequestContext[Connection]) -> str | None:
+    """The streamable HTTP session of the message (None on stdio and in memory)."""
+    headers = getattr(ctx.request, "headers", None)
+    if headers is None:
+        return None
+    session: str | None = headers.get("mcp-session-id")
+    return session
+
+
+def _cancel_requested(ctx: ServerRequestContext[Connection]) -> anyio.Event | None:
+    """The SDK's per-request "the client cancelled it" flag, or None if it cannot be reached.
+
+    mcp 2.3 sets `DispatchContext.cancel_requested` before it cancels the handler, but exposes
+    it only on the session's private request channel (modelcontextprotocol/python-sdk#3389).
+    Without it every cancel reads as `"closed"`: the call is still cancelled and joined.
+    """
+    outbound = getattr(ctx.session, "_request_outbound", None)
+    flag = getattr(outbound, "cancel_requested", None)
+    return flag if isinstance(flag, anyio.Event) else None

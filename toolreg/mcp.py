@@ -1,0 +1,181 @@
+"""Serve a `ToolRegistry` over the Model Context Protocol (extra `toolreg[mcp]`).
+
+`build_server(registry)` returns the official SDK's low-level `mcp.server.Server`, whose
+`tools/list` is the registry's `mcp` catalog and whose `tools/call` runs a model-driven call
+with toolreg's cancellation contract; `serve(registry)` runs it over stdio or streamable HTTP;
+`python -m toolreg mcp package.module:registry` does that from the command line.
+
+What a client's cancel does. Everything that ends a request on the client's side cancels
+that request's own `CancelSource`: `notifications/cancelled` (the client's cancel, or its read
+timeout, which sends one), a disconnect, the end of the connection, server shutdown. The body
+sees `ctx.token.reason`, a `RequestCancelled` whose `str()` names the request and the client's
+stated reason. The handler returns only after the call has settled: an uncooperative body is
+waited for (never abandoned) while other requests are answered. A request the client cancelled
+is never answered, and a request cancelled while waiting for `max_concurrent_calls` runs
+nothing (observers still see `ABORTED_BEFORE_DISPATCH`).
+
+Results: a success is text content (`result.content`) plus `structuredContent` when the value
+is a JSON object; a failure (`INVALID_ARGS`, `DENIED`, `TOOL_ERROR`, `HOOK_ERROR`,
+`TOOL_TIMEOUT`, and aborts the client did not cause) is `isError: true` with the error text; an
+unknown tool is the protocol error -32602; a closed registry -32603. `_meta` carries
+`toolreg/code` (null on success), `toolreg/dispatched`, `toolreg/callId` and, when they are
+JSON, the deferred contexts as `toolreg/contexts`. A body's `ctx.report_progress` becomes
+`notifications/progress` (coalesced to the latest) when the request carried a progress token,
+only while the request is live.
+
+The server runs on an asyncio event loop (calls go through `toolreg.aio`). Importing
+`toolreg` never imports this module or the SDK.
+
+Example::
+
+    from toolreg import ToolRegistry
+    from toolreg.mcp import serve
+
+    registry = ToolRegistry()
+
+    @registry.tool(description="Add two numbers")
+    def add(args, ctx):
+        return {"sum": args["a"] + args["b"]}
+
+    serve(registry)   # stdio; or serve(registry, transport="streamable-http", port=8000)
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+try:
+    import anyio
+    import mcp_types as types
+    from mcp.server import Server
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("toolreg.mcp needs the MCP SDK: pip install 'toolreg[mcp]'") from exc
+
+from ._cancel import CancelToken
+from ._mcp_bridge import Bridge, Connection
+from ._mcp_results import RequestCancelled
+from ._registry import ToolRegistry
+
+__all__ = ["RequestCancelled", "build_server", "serve"]
+
+Transport = Literal["stdio", "streamable-http"]
+
+
+def build_server(
+    registry: ToolRegistry,
+    name: str = "toolreg",
+    version: str | None = None,
+    instructions: str | None = None,
+    token: CancelToken | None = None,
+    max_concurrent_calls: int = 32,
+) -> Server[Connection]:
+    """An MCP low-level `Server` that serves `registry`'s tools; see the module docstring.
+
+    `version=None` advertises toolreg's own version. `token` cancels every call (each request
+    runs under a child of it). `max_concurrent_calls` bounds the calls in the registry at once;
+    later requests wait for admission, and one cancelled while waiting runs nothing. The server
+    never closes the registry. Run it with `serve()`, `server.run(read, write, options)` or
+    `server.streamable_http_app()`, on an asyncio event loop.
+    """
+    server, _ = _build(registry, name, version, instructions, token, max_concurrent_calls)
+    return server
+
+
+def serve(
+    registry: ToolRegistry,
+    transport: Transport = "stdio",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    path: str = "/mcp",
+    **build_kw: Any,
+) -> None:
+    """Serve `registry` over MCP until stopped; blocks. `build_kw` goes to `build_server`.
+
+    `"stdio"`: the protocol runs on the process's stdin and stdout; while serving, fd 0 reads
+    from the null device and fd 1 writes to stderr, so a tool's `print()` or a child process's
+    output never corrupts the stream. EOF on stdin, SIGTERM or SIGINT cancels every call in
+    flight and joins it (those requests are not answered: the connection is closing), then
+    `serve` returns. `"streamable-http"`: uvicorn on `host:port` (127.0.0.1 by default) at
+    `path`; SIGTERM or SIGINT cancels and joins the calls, then stops the server. Signals are
+    handled only when `serve` runs on the main thread. Never closes the registry. Call it from
+    synchronous code (it runs its own event loop); inside a loop use `build_server`.
+    """
+    if transport not in ("stdio", "streamable-http"):
+        raise ValueError(f"transport must be 'stdio' or 'streamable-http', got {transport!r}")
+    if transport == "streamable-http":
+        _check_http(host, port, path)
+    server, bridge = _build(registry, **build_kw)
+    from . import _mcp_transports
+
+    if transport == "stdio":
+        lines = _mcp_transports.StdinLines()  # takes fd 0 over until restore()
+        try:
+            anyio.run(_mcp_transports.serve_stdio, server, bridge, lines, backend="asyncio")
+        finally:
+            lines.restore()
+    else:
+        anyio.run(_mcp_transports.serve_http, server, bridge, host, port, path, backend="asyncio")
+
+
+def _build(
+    registry: ToolRegistry,
+    name: str = "toolreg",
+    version: str | None = None,
+    instructions: str | None = None,
+    token: CancelToken | None = None,
+    max_concurrent_calls: int = 32,
+) -> tuple[Server[Connection], Bridge]:
+    if not isinstance(registry, ToolRegistry):
+        raise TypeError(f"build_server() serves a ToolRegistry, got {type(registry).__name__}")
+    if not isinstance(name, str) or not name:
+        raise ValueError("name must be a non-empty str")
+    if version is not None and not isinstance(version, str):
+        raise TypeError("version must be a str or None")
+    if instructions is not None and not isinstance(instructions, str):
+        raise TypeError("instructions must be a str or None")
+    if token is not None and not isinstance(token, CancelToken):
+        raise TypeError(f"token must be a CancelToken or None, got {type(token).__name__}")
+    if (
+        isinstance(max_concurrent_calls, bool)
+        or not isinstance(max_concurrent_calls, int)
+        or max_concurrent_calls < 1
+    ):
+        raise ValueError(f"max_concurrent_calls must be an int >= 1, got {max_concurrent_calls!r}")
+    bridge = Bridge(registry, token, max_concurrent_calls)
+
+    @asynccontextmanager
+    async def connection(server: Server[Connection]) -> AsyncIterator[Connection]:
+        yield Connection()  # one per Server.run (a stdio or in-memory connection), one per app
+
+    server: Server[Connection] = Server(
+        name,
+        version=version if version is not None else _own_version(),
+        instructions=instructions,
+        lifespan=connection,
+        get_tool_input_schema=bridge.input_schema,
+        on_list_tools=bridge.list_tools,
+        on_call_tool=bridge.call_tool,
+    )
+    server.add_notification_handler(
+        "notifications/cancelled", types.CancelledNotificationParams, bridge.on_cancelled
+    )
+    return server, bridge
+
+
+def _own_version() -> str:
+    try:
+        return importlib.metadata.version("toolreg")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout
+        return "0+unknown"
+
+
+def _check_http(host: object, port: object, path: object) -> None:
+    if not isinstance(host, str) or not host:
+        raise ValueError(f"host must be a non-empty str, got {host!r}")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an int in 0..65535 (0: any free port), got {port!r}")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ValueError(f"path must be a str starting with '/', got {path!r}")
