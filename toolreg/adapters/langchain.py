@@ -29,11 +29,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from langchain_core.messages import ToolMessage
-from langchain_core.tools import BaseTool, StructuredTool
-from langchain_core.tools import Tool as SimpleTool
-from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import PrivateAttr
+try:
+    from langchain_core.messages import ToolMessage
+    from langchain_core.tools import BaseTool, StructuredTool, ToolException
+    from langchain_core.tools import Tool as SimpleTool
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+    from pydantic import PrivateAttr
+except ImportError as exc:  # the extra is not installed
+    raise ImportError(
+        "toolreg.adapters.langchain needs langchain-core: pip install 'toolreg[langchain]'"
+    ) from exc
 
 from .. import (
     CancelToken,
@@ -193,7 +198,7 @@ def from_langchain(registry: ToolRegistry, lc_tool: BaseTool, **tool_kwargs: Any
     cancelled when the call's token is (`ABORTED`); any other runs its sync implementation on
     a worker and is joined, however long it takes. The value is the tool's message content; a
     `ToolMessage` with `status="error"` (a handled `ToolException`) or a raised exception is a
-    `TOOL_ERROR`.
+    `TOOL_ERROR` (the former reads `"Error: ToolException: <its content>"`).
     """
     check_registry(registry)
     if not isinstance(lc_tool, BaseTool):
@@ -215,10 +220,6 @@ def from_langchain(registry: ToolRegistry, lc_tool: BaseTool, **tool_kwargs: Any
         return _value(lc_tool.invoke(_tool_call(lc_tool, args, ctx), _config(ctx)))
 
     return registry.register(Tool(name, run, **options))
-
-
-class _LangChainToolError(Exception):
-    """A LangChain tool answered with an error message (`ToolMessage(status="error")`)."""
 
 
 def _is_async(lc_tool: BaseTool) -> bool:
@@ -244,7 +245,7 @@ def _value(output: Any) -> Any:
     """The registry value of a LangChain tool's output."""
     if isinstance(output, ToolMessage):
         if output.status == "error":
-            raise _LangChainToolError(_text(output.content))
+            raise ToolException(_text(output.content))
         return output.content
     return output
 

@@ -31,8 +31,13 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from agents import FunctionTool
-from agents.tool_context import ToolContext
+try:
+    from agents import FunctionTool
+    from agents.tool_context import ToolContext
+except ImportError as exc:  # the extra is not installed
+    raise ImportError(
+        "toolreg.adapters.openai_agents needs openai-agents: pip install 'toolreg[openai-agents]'"
+    ) from exc
 
 from .. import CancelToken, ToolCall, ToolRegistry
 from ..aio import AsyncToolRegistry

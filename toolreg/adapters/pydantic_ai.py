@@ -24,10 +24,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic_ai import ModelRetry, RunContext, ToolFailed
-from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
-from pydantic_core import SchemaValidator, core_schema
+try:
+    from pydantic_ai import ModelRetry, RunContext, ToolFailed
+    from pydantic_ai.tools import ToolDefinition
+    from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+    from pydantic_core import SchemaValidator, core_schema
+except ImportError as exc:  # the extra is not installed
+    raise ImportError(
+        "toolreg.adapters.pydantic_ai needs pydantic-ai-slim: pip install 'toolreg[pydantic-ai]'"
+    ) from exc
 
 from .. import CancelToken, ErrorCode, ToolCall, ToolRegistry
 from ..aio import AsyncToolRegistry
