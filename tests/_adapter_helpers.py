@@ -36,9 +36,11 @@ class Scenario:
         self.journal = Journal()
         self.observed = Observed()
         self.started = threading.Event()  # a blocking body (cooperative, stubborn) is running
+        self.saw_cancel = threading.Event()  # a blocking body has seen its token cancelled
         self.release = threading.Event()  # lets the stubborn body return
         registry.on_result(self.observed)
         journal, started, release = self.journal, self.started, self.release
+        saw_cancel = self.saw_cancel
 
         @registry.tool(description="Add a and b.", parameters=ADD_SCHEMA, concurrency_safe=True)
         def add(args: Any, ctx: Any) -> int:
@@ -54,6 +56,7 @@ class Scenario:
             started.set()
             ctx.token.wait(WAIT)
             journal("body saw cancel")
+            saw_cancel.set()
             ctx.token.raise_if_cancelled()
             return "late"
 
@@ -62,6 +65,7 @@ class Scenario:
             started.set()
             ctx.token.wait(WAIT)
             journal("body saw cancel")
+            saw_cancel.set()
             release.wait(WAIT)
             journal("body returned")
             return "late"
