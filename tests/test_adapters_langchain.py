@@ -23,6 +23,7 @@ from langchain_core.tools import BaseTool, StructuredTool, ToolException, tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from toolreg import CancelSource, CancelToken, ErrorCode, FrozenDict, ToolResult
+from toolreg.adapters import langchain as module
 from toolreg.adapters.langchain import TOKEN_KEY, as_langchain_tools, from_langchain
 
 
@@ -36,6 +37,10 @@ def _by_name(tools: list[BaseTool]) -> dict[str, BaseTool]:
 
 def _token_config(token: CancelToken) -> RunnableConfig:
     return {"configurable": {TOKEN_KEY: token}}
+
+
+def test_the_public_names_are_pinned() -> None:
+    assert module.__all__ == ['TOKEN_KEY', 'as_langchain_tools', 'from_langchain']
 
 
 # -- registry tools in a LangChain tool-calling loop ---------------------------------------------

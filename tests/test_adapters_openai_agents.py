@@ -21,9 +21,14 @@ from agents import Agent, FunctionTool, RunConfig, Runner
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
 from toolreg import CancelSource, ErrorCode
+from toolreg.adapters import openai_agents as module
 from toolreg.adapters.openai_agents import AgentToolset
 
 NO_TRACING = RunConfig(tracing_disabled=True)
+
+
+def test_the_public_names_are_pinned() -> None:
+    assert module.__all__ == ['AgentToolset']
 
 
 def _agent(tools: Sequence[FunctionTool], steps: list[Any]) -> tuple[Agent[Any], ScriptedModel]:

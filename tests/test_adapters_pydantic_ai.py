@@ -31,7 +31,12 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
 from toolreg import CancelSource, ErrorCode
+from toolreg.adapters import pydantic_ai as module
 from toolreg.adapters.pydantic_ai import RegistryToolset
+
+
+def test_the_public_names_are_pinned() -> None:
+    assert module.__all__ == ['RegistryToolset']
 
 
 def _returns(messages: list[ModelMessage]) -> dict[str, tuple[str, Any]]:
