@@ -26,6 +26,8 @@ from ._hooks import Allow as Allow
 from ._hooks import Approver as Approver
 from ._hooks import AroundWrapper as AroundWrapper
 from ._hooks import Ask as Ask
+from ._hooks import CallHook as CallHook
+from ._hooks import CallTrace as CallTrace
 from ._hooks import Deny as Deny
 from ._hooks import Dispatch as Dispatch
 from ._hooks import Guard as Guard
@@ -52,7 +54,9 @@ __all__ = [
     "Approver",
     "AroundWrapper",
     "Ask",
+    "CallHook",
     "CallTimeline",
+    "CallTrace",
     "CancelSource",
     "CancelToken",
     "Cancelled",

@@ -25,6 +25,7 @@ observers like any other result. Started calls are cancelled through their token
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import queue
 import threading
@@ -149,12 +150,17 @@ class _Runner(Claim):
     def _run(self) -> None:
         if not self._claim.acquire(False):
             return  # the scheduler took it back after cancellation
-        batch = self.batch
         try:
-            while (index := self.segment.take(batch.cancelled)) is not None:
-                batch.run_call(index)
+            # The batch caller's context variables, as the asyncio facade and call hooks expect
+            # (a copy per runner: one Context cannot be entered by two threads at once).
+            self.batch.context.copy().run(self._run_calls)
         finally:
             self._done()
+
+    def _run_calls(self) -> None:
+        batch = self.batch
+        while (index := self.segment.take(batch.cancelled)) is not None:
+            batch.run_call(index)
 
     def _drop(self) -> None:
         self.take_back()
@@ -191,6 +197,7 @@ class BatchRun:
         self.max_parallel = max_parallel
         self.on_progress = on_progress
         self.thread = threading.get_ident()  # the scheduler's (for close()'s "inside" check)
+        self.context = contextvars.copy_context()  # what the runners run the calls in
         # Already on one of the registry's body threads: run the calls here, one by one.
         self.inline = host.on_body_thread(self.thread)
         self.results: list[ToolResult[Any] | None] = [None] * len(calls)

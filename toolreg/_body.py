@@ -28,16 +28,33 @@ from ._claim import Claim
 from ._interrupts import wait_until
 from ._progress import check_progress
 from ._results import ToolCall, ToolResult
+from ._traces import inside_traces, notify_traces
 
 if TYPE_CHECKING:
     from ._call import CallState
 
-__all__ = ["BodyHost", "ToolContext", "run_body"]
+__all__ = ["BodyHost", "NotStarted", "Runner", "ToolContext", "run_body"]
 
 logger = logging.getLogger("toolreg")
 
 _CONTEXT_LOCK = threading.Lock()  # guards every ToolContext's _contexts and _closed (rarely held)
 _WATCH_LOCK = threading.Lock()  # guards every ToolContext's _overdue (the cancellation path only)
+
+
+class NotStarted(Exception):
+    """Raised by a `Runner` whose body never started (refused remotely): no body ran."""
+
+
+class Runner(Protocol):
+    """Runs a body somewhere else (a cluster worker) and joins it, on the stage thread.
+
+    A tool body function carrying a runner (`_catalog.RUNNER_ATTRIBUTE`) is not called here:
+    `runner(ctx)` is, inline, and returns the body's value or raises what it raised, or raises
+    `NotStarted` if the body never started. An exception that lands while it waits (Ctrl-C)
+    goes to `ctx._interrupt(exc)`, which cancels the call; the runner then keeps joining.
+    """
+
+    def __call__(self, ctx: ToolContext, /) -> Any: ...
 
 
 class BodyHost(Protocol):
@@ -92,14 +109,17 @@ class ToolContext(Claim):
         "_error",
         "_fn",
         "_host",
+        "_interrupt",
         "_is_async",
         "_live",
         "_live_on_return",
         "_overdue",
         "_progress",
+        "_runner",
         "_settled",
         "_settled_at",
         "_started",
+        "_traces",
         "_value",
         "call",
         "token",
@@ -117,8 +137,15 @@ class ToolContext(Claim):
         self._live = state.live  # the caller's token was live at entry: the recheck applies
         self._fn = state.tool.fn
         self._is_async = state.entry.is_async
+        self._runner = state.entry.runner
+        self._traces = state.traces
         self._progress = state.progress
         self._host = host
+        # A runner joins on the stage thread and reports interrupts there; cleared on settling
+        # (it refers to the call's state, which refers to this context).
+        self._interrupt: Callable[[BaseException], None] | None = (
+            state.interrupt if self._runner is not None else None
+        )
         self._done = threading.Lock()  # held until the claimant has finished; released once
         self._done.acquire()
         self._started = False  # the body started (written by the claimant before _done)
@@ -193,10 +220,15 @@ class ToolContext(Claim):
             if not self._live:
                 self._watch_overdue()  # pre-aborted: it starts under a cancelled token
             try:
-                if self._is_async:
-                    value = self._host.run_coroutine(self._coroutine, self.token)
+                if self._traces:
+                    with inside_traces(self._traces, self):
+                        value = self._call_body()
                 else:
-                    value = self._fn(self.call.arguments, self)
+                    value = self._call_body()
+            except NotStarted:
+                self._started = False  # refused where it was to run: no body ran
+                self._dispatched_at = None
+                return
             except BaseException as exc:  # recorded for the stage thread; the worker lives on
                 self._error = exc
             else:
@@ -208,8 +240,16 @@ class ToolContext(Claim):
         finally:
             with _CONTEXT_LOCK:
                 self._closed = True
+            self._interrupt = None
             self._settled = True
             self._done.release()
+
+    def _call_body(self) -> Any:
+        if self._runner is not None:
+            return self._runner(self)
+        if self._is_async:
+            return self._host.run_coroutine(self._coroutine, self.token)
+        return self._fn(self.call.arguments, self)
 
     def _coroutine(self) -> Coroutine[Any, Any, Any]:
         coroutine: Coroutine[Any, Any, Any] = self._fn(self.call.arguments, self)
@@ -264,6 +304,8 @@ class ToolContext(Claim):
 
     def _warn_overdue(self) -> None:
         if not self._settled:
+            if self._traces:
+                notify_traces(self._traces, "overdue", self)
             logger.warning(
                 "toolreg: tool %s has not settled %gs after its cancellation; the registry keeps "
                 "waiting for it (a non-quiescent call: make the body observe ctx.token)",

@@ -20,7 +20,7 @@ from ._cancel import CancelSource, CancelToken
 if TYPE_CHECKING:
     from ._body import ToolContext
     from ._catalog import CatalogEntry
-    from ._hooks import HookSet
+    from ._hooks import CallTrace, HookSet
     from ._progress import ProgressSink
     from ._results import ToolCall, ToolResult
     from ._tools import Tool
@@ -131,6 +131,7 @@ class CallState:
         "thread",
         "token",
         "tool",
+        "traces",
         "wall",
     )
 
@@ -198,6 +199,8 @@ class CallState:
         self.chain_open = False
         self.foreign_proceeds = 0
         self.drained: threading.Event | None = None
+        #: What the call hooks follow this call with (see `_traces`); set at entry.
+        self.traces: tuple[CallTrace, ...] = ()
 
     def at(self, stage: Stage) -> None:
         """Enter a stage (shown by `in_flight()`; logged at DEBUG when enabled)."""

@@ -15,13 +15,19 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._cancel import Registration
 from ._hooks import HookRegistration
 from ._tools import Tool, Validator, compile_output_schema, compile_schema, thaw
 
-__all__ = ["Catalog", "CatalogEntry", "SchemaStyle", "ToolTable"]
+if TYPE_CHECKING:
+    from ._body import Runner
+
+__all__ = ["RUNNER_ATTRIBUTE", "Catalog", "CatalogEntry", "SchemaStyle", "ToolTable"]
+
+# A body function carrying this attribute runs elsewhere: the attribute is its `Runner`.
+RUNNER_ATTRIBUTE = "__toolreg_runner__"
 
 logger = logging.getLogger("toolreg")
 
@@ -40,19 +46,24 @@ class CatalogEntry:
     output_schema: dict[str, Any] | None  # normalized copy, as compiled
     output_validator: Validator | None  # set only with validate_output=True
     is_async: bool  # an `async def` body: it runs on the registry's event loop thread
+    runner: Runner | None = None  # runs the body elsewhere (a cluster); see `_body.Runner`
 
     @classmethod
     def build(cls, tool: Tool) -> CatalogEntry:
         """Compile the tool's schemas; `ValueError` for an invalid one."""
         schema, validator = compile_schema(tool)
         output_schema, output_validator = compile_output_schema(tool)
+        runner = getattr(tool.fn, RUNNER_ATTRIBUTE, None)
+        if runner is not None and not callable(runner):
+            raise TypeError(f"tool {tool.name!r}: its body's runner is not callable")
         return cls(
             tool,
             schema,
             validator,
             output_schema,
             output_validator if tool.validate_output else None,
-            inspect.iscoroutinefunction(tool.fn),
+            inspect.iscoroutinefunction(tool.fn) and runner is None,
+            runner,
         )
 
 

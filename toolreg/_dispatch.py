@@ -47,6 +47,7 @@ from ._pipeline import never_started
 from ._pool import WorkerPool
 from ._progress import ProgressSink
 from ._results import ToolCall, ToolResult
+from ._traces import start_traces
 
 if TYPE_CHECKING:
     from ._hooks import HookSet
@@ -129,8 +130,11 @@ class Dispatcher:
         """
         entered = time.monotonic()
         inline = mode.inline or self.on_body_thread(threading.get_ident())
-        state = CallState(call, self._hooks.current, caller, mode, entered, inline, progress)
+        hooks = self._hooks.current
+        state = CallState(call, hooks, caller, mode, entered, inline, progress)
         key = self._admit(state, mode)
+        if hooks.call_hooks:
+            state.traces = start_traces(hooks.call_hooks, call, state.token)
         try:
             if watcher is not None:
                 watcher.watch(state)
@@ -164,7 +168,9 @@ class Dispatcher:
         return self._tools.lookup(name)
 
     def submit_for(self, state: CallState) -> Submit | None:
-        return None if state.inline else self._submit
+        if state.inline or state.entry.runner is not None:
+            return None  # a remote runner joins its body on the stage thread
+        return self._submit
 
     def unstarted(self, call: ToolCall) -> tuple[ToolResult[Any], BaseException | None]:
         """The result of a batch or awaited call that never started: observed like any other."""

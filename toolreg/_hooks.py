@@ -20,6 +20,8 @@ __all__ = [
     "Approver",
     "Ask",
     "AroundWrapper",
+    "CallHook",
+    "CallTrace",
     "Deny",
     "Dispatch",
     "Guard",
@@ -95,6 +97,32 @@ class ResultObserver(Protocol):
     def __call__(self, result: ToolResult[Any], /) -> object: ...
 
 
+class CallTrace(Protocol):
+    """What a `CallHook` follows one call with; every method is optional.
+
+    * `body(ctx)`: a context manager entered on the body's thread around each start of the body
+      (so whatever the body does there runs inside it), and exited when the body settles.
+    * `overdue(ctx)`: the body has not settled `overdue_after` seconds after its cancellation
+      (the moment the registry logs its warning).
+    * `end(result)`: the final, frozen result, before the observers see it.
+
+    Exceptions are logged on the `toolreg` logger and never change the call.
+    """
+
+
+class CallHook(Protocol):
+    """`hook(call, token) -> CallTrace | None`, at the entry of every call.
+
+    Called before the entry checks (so a call that fails them is seen too), on the thread and in
+    the `contextvars` context where the call was entered: the caller's thread for `execute`, the
+    awaiting task's context for the asyncio facade, the batch caller's context for batch calls.
+    `call` is the call as given; `token` is the call's own token (cancelled with the caller's,
+    by `close()` and by Ctrl-C). The returned trace follows the call to its end.
+    """
+
+    def __call__(self, call: ToolCall, token: CancelToken, /) -> CallTrace | None: ...
+
+
 class Dispatch:
     """What an around wrapper sees of one call.
 
@@ -163,6 +191,7 @@ class HookSet:
     around: tuple[AroundWrapper, ...] = ()
     post_execute: tuple[PostExecuteHook, ...] = ()
     observers: tuple[ResultObserver, ...] = ()
+    call_hooks: tuple[CallHook, ...] = ()
     tools_changed: tuple[Callable[[], object], ...] = ()  # registry-level, not per call
 
 

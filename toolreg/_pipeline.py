@@ -58,6 +58,7 @@ from ._results import (
     render_content,
 )
 from ._tools import InvalidArguments, freeze_arguments
+from ._traces import end_traces
 
 __all__ = ["PipelineHost", "describe", "execute", "never_started"]
 
@@ -165,6 +166,8 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
 
 def _finish(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
     final = _finalize(state, result)
+    if state.traces:
+        end_traces(state.traces, final)
     _notify(state, final)
     return final
 

@@ -19,6 +19,7 @@ from ._dispatch import Dispatcher
 from ._hooks import (
     Approver,
     AroundWrapper,
+    CallHook,
     Guard,
     HookTable,
     PostExecuteHook,
@@ -255,6 +256,14 @@ class ToolRegistry:
     def add_post_execute(self, hook: PostExecuteHook) -> Registration:
         """`hook(result, token) -> ToolResult | None`; may fail a success, never the reverse."""
         return self._add_hook("post_execute", hook, "post-execute hook")
+
+    def add_call_hook(self, hook: CallHook) -> Registration:
+        """`hook(call, token) -> CallTrace | None` at the entry of every call (tracing).
+
+        Unlike the stage hooks it sees every call, entry failures included, and its trace can
+        wrap the body on the body's own thread; see `CallHook` and `CallTrace`.
+        """
+        return self._add_hook("call_hooks", hook, "call hook")
 
     def on_result(self, observer: ResultObserver) -> Registration:
         """`observer(result)` sees every final result once; its exceptions are logged."""

@@ -1,0 +1,164 @@
+"""Call hooks: one trace per call, from entry (entry failures included) to the final result,
+with a scope around each body start on the body's own thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from _registry_helpers import Caller, Gate, Journal, open_registry, wait_until
+
+from toolreg import CancelSource, CancelToken, RetryPolicy, ToolCall, ToolContext, ToolResult
+from toolreg.aio import AsyncToolRegistry
+
+Args = Any
+current: contextvars.ContextVar[str] = contextvars.ContextVar("current", default="-")
+
+
+class Recorder:
+    """A call hook whose traces journal what happens to each call, with where it happened."""
+
+    def __init__(self) -> None:
+        self.journal = Journal()
+
+    def __call__(self, call: ToolCall, token: CancelToken) -> Trace:
+        self.journal(("start", call.name, current.get(), threading.get_ident()))
+        return Trace(self.journal, call.name)
+
+
+class Trace:
+    def __init__(self, journal: Journal, name: str) -> None:
+        self.journal = journal
+        self.name = name
+
+    @contextlib.contextmanager
+    def body(self, ctx: ToolContext) -> Iterator[None]:
+        self.journal(("body", self.name, threading.get_ident()))
+        yield
+        self.journal(("left", self.name))
+
+    def overdue(self, ctx: ToolContext) -> None:
+        self.journal(("overdue", self.name))
+
+    def end(self, result: ToolResult[Any]) -> None:
+        self.journal(("end", self.name, result.code))
+
+
+def test_a_trace_follows_a_call_from_entry_through_the_body_to_the_end() -> None:
+    recorder = Recorder()
+    body_thread: list[int] = []
+    with open_registry() as registry:
+        registry.add_call_hook(recorder)
+        registry.on_result(lambda result: recorder.journal(("observed", result.call.name)))
+        registry.tool(name="t")(lambda args, ctx: body_thread.append(threading.get_ident()))
+        registry.execute("t")
+    me = threading.get_ident()
+    assert recorder.journal.entries == [
+        ("start", "t", "-", me),
+        ("body", "t", body_thread[0]),
+        ("left", "t"),
+        ("end", "t", None),
+        ("observed", "t"),
+    ]
+
+
+@pytest.mark.parametrize("call", [ToolCall("missing"), ToolCall("t", {"bad": {1, 2}})])
+def test_entry_failures_are_traced_too(call: ToolCall) -> None:
+    recorder = Recorder()
+    with open_registry() as registry:
+        registry.add_call_hook(recorder)
+        registry.tool(name="t")(lambda args, ctx: "never")
+        result = registry.execute(call)
+    kinds = [entry[0] for entry in recorder.journal.entries]
+    assert kinds == ["start", "end"] and recorder.journal.entries[-1][2] == result.code
+
+
+def test_each_retry_attempt_runs_inside_the_trace() -> None:
+    recorder = Recorder()
+    attempts: list[int] = []
+    with open_registry() as registry:
+        registry.add_call_hook(recorder)
+        registry.add_around(RetryPolicy(attempts=2, backoff=0))
+
+        @registry.tool
+        def flaky(args: Args, ctx: ToolContext) -> str:
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise ConnectionError("once")
+            return "ok"
+
+        assert registry.execute("flaky").ok
+    kinds = [entry[0] for entry in recorder.journal.entries]
+    assert kinds == ["start", "body", "left", "body", "left", "end"]
+
+
+def test_the_hook_runs_in_the_callers_context_for_batches_and_awaited_calls() -> None:
+    recorder = Recorder()
+    with open_registry(max_workers=2) as registry:
+        registry.add_call_hook(recorder)
+        registry.tool(name="t", concurrency_safe=True)(lambda args, ctx: "ok")
+        current.set("batch caller")
+        registry.execute_batch([ToolCall("t"), ToolCall("t")])
+
+        async def awaited() -> None:
+            current.set("awaiting task")
+            await AsyncToolRegistry(registry).execute("t")
+
+        asyncio.run(awaited())
+    starts = [entry[2] for entry in recorder.journal.entries if entry[0] == "start"]
+    assert starts == ["batch caller", "batch caller", "awaiting task"]
+
+
+def test_an_overdue_body_is_reported_to_its_trace() -> None:
+    recorder = Recorder()
+    gate = Gate()
+    caller = CancelSource()
+    with open_registry(overdue_after=0.01) as registry:
+        registry.add_call_hook(recorder)
+        registry.tool(name="stubborn")(lambda args, ctx: gate.hold() or "late")
+        call = Caller(lambda: registry.execute("stubborn", token=caller.token))
+        gate.wait_reached()
+        caller.cancel("stop")
+        try:
+            wait_until(lambda: ("overdue", "stubborn") in recorder.journal.entries, "overdue")
+        finally:
+            gate.release()
+        call.join()
+
+
+def test_a_failing_hook_or_trace_is_logged_and_changes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken:
+        @contextlib.contextmanager
+        def body(self, ctx: ToolContext) -> Iterator[None]:
+            yield
+            raise RuntimeError("exit")
+
+        def end(self, result: ToolResult[Any]) -> None:
+            raise RuntimeError("end")
+
+    with open_registry() as registry:
+        registry.add_call_hook(lambda call, token: 1 / 0)  # type: ignore[arg-type,return-value]
+        registry.add_call_hook(lambda call, token: Broken())
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        result = registry.execute("t")
+    assert result.ok and result.value == "ok"
+    assert "call hook" in caplog.text and "failed to leave a body" in caplog.text
+    assert "raised in end()" in caplog.text
+
+
+def test_removing_the_hook_stops_the_traces() -> None:
+    recorder = Recorder()
+    with open_registry() as registry:
+        registration = registry.add_call_hook(recorder)
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        registry.execute("t")
+        registration.remove()
+        registry.execute("t")
+    assert [entry[0] for entry in recorder.journal.entries].count("start") == 1
