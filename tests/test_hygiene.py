@@ -87,6 +87,7 @@ def test_each_stage_is_logged_at_debug_and_nothing_below_it(
         registry.add_pre_execute(lambda call, token: None)
         registry.add_around(lambda dispatch, proceed: proceed())
         registry.add_post_execute(lambda result, token: None)
+        registry.on_result(lambda result: None)
         registry.register(toolreg.Tool("t", lambda args, ctx: "ok"))
         with caplog.at_level(logging.INFO, logger="toolreg"):
             registry.execute(toolreg.ToolCall("t", call_id="quiet"))

@@ -63,7 +63,8 @@ class BatchHost(Protocol):
 
     def unstarted(self, call: ToolCall) -> tuple[ToolResult[Any], BaseException | None]: ...
 
-    def lookup(self, name: str) -> CatalogEntry | None: ...
+    @property
+    def tools(self) -> Any: ...
 
     def hand_over(self, item: Any, may_block: bool = True) -> None: ...
 
@@ -261,7 +262,7 @@ class BatchRun:
 
     def _parallel_safe(self, index: int, call: ToolCall) -> bool:
         """Entry checks, once; whether the call may overlap others (only an exact True)."""
-        entry = self.host.lookup(call.name) if type(call.name) is str else None
+        entry = self.host.tools.lookup(call.name) if type(call.name) is str else None
         if entry is None:
             return False
         try:

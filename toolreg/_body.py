@@ -21,10 +21,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from ._cancel import CancelSource, CancelToken, Registration, deadline
 from ._claim import Claim
+from ._interrupts import main_ident as _main_ident
 from ._interrupts import wait_until
 from ._progress import check_progress
 from ._results import ToolCall, ToolResult
@@ -37,6 +39,8 @@ __all__ = ["BodyHost", "NotStarted", "Runner", "ToolContext", "run_body"]
 
 logger = logging.getLogger("toolreg")
 
+_Lock = threading.Lock
+_NEVER = CancelToken.never()
 _CONTEXT_LOCK = threading.Lock()  # guards every ToolContext's _contexts and _closed (rarely held)
 _WATCH_LOCK = threading.Lock()  # guards every ToolContext's _overdue (the cancellation path only)
 
@@ -101,63 +105,44 @@ class ToolContext(Claim):
             return "done"
     """
 
-    __slots__ = (
-        "_closed",
-        "_contexts",
-        "_dispatched_at",
-        "_done",
-        "_error",
-        "_fn",
-        "_host",
-        "_interrupt",
-        "_is_async",
-        "_live",
-        "_live_on_return",
-        "_overdue",
-        "_progress",
-        "_runner",
-        "_settled",
-        "_settled_at",
-        "_started",
-        "_traces",
-        "_value",
-        "call",
-        "token",
-    )
+    # Not slotted: what most runs never change is a class-level default below, so a run sets
+    # only what it must (one is made for every body start).
+    _started = False  # the body started (written by the claimant before _done is released)
+    _settled = False  # the outcome is recorded, or the body never starts
+    _live_on_return = False  # the token was live when the body returned (the body's view)
+    _value: Any = None
+    _error: BaseException | None = None
+    _contexts: list[Any] | None = None  # deferred items; guarded by _CONTEXT_LOCK
+    _closed = False  # no more deferring or nesting; guarded by _CONTEXT_LOCK
+    _overdue: CancelSource | None = None  # the overdue warning, once cancelled
+    _dispatched_at: float | None = None  # monotonic, on the body's thread
+    _settled_at: float | None = None
+    # A runner joins on the stage thread and reports interrupts there; cleared on settling (it
+    # refers to the call's state, which refers to this context).
+    _interrupt: Callable[[BaseException], None] | None = None
+
 
     call: ToolCall
     token: CancelToken
 
     def __init__(self, state: CallState, token: CancelToken, host: BodyHost) -> None:
-        super().__init__()
+        self._claim = _Lock()  # acquired once, by the party that owns the start (`Claim`)
+        self._done = done = _Lock()  # held until the claimant has finished; released once
+        done.acquire()
         # What the run needs of the call, copied: the context never refers back to the call's
         # state (which refers to it), so a finished call is freed without the cyclic GC.
         self.call = state.call
         self.token = token
         self._live = state.live  # the caller's token was live at entry: the recheck applies
-        self._fn = state.tool.fn
-        self._is_async = state.entry.is_async
-        self._runner = state.entry.runner
+        entry = state.entry
+        self._fn = entry.tool.fn
+        self._is_async = entry.is_async
+        runner = self._runner = entry.runner
+        if runner is not None:
+            self._interrupt = state.interrupt
         self._traces = state.traces
         self._progress = state.progress
         self._host = host
-        # A runner joins on the stage thread and reports interrupts there; cleared on settling
-        # (it refers to the call's state, which refers to this context).
-        self._interrupt: Callable[[BaseException], None] | None = (
-            state.interrupt if self._runner is not None else None
-        )
-        self._done = threading.Lock()  # held until the claimant has finished; released once
-        self._done.acquire()
-        self._started = False  # the body started (written by the claimant before _done)
-        self._settled = False  # the outcome is recorded, or the body never starts
-        self._live_on_return = False  # the token was live when the body returned (body's view)
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._contexts: list[Any] | None = None  # deferred items; guarded by _CONTEXT_LOCK
-        self._closed = False  # no more deferring or nesting; guarded by _CONTEXT_LOCK
-        self._overdue: CancelSource | None = None  # the overdue warning, once cancelled
-        self._dispatched_at: float | None = None  # monotonic, on the body's thread
-        self._settled_at: float | None = None
 
     # -- what the body uses ----------------------------------------------------------------------
 
@@ -223,6 +208,8 @@ class ToolContext(Claim):
                 if self._traces:
                     with inside_traces(self._traces, self):
                         value = self._call_body()
+                elif self._runner is None and not self._is_async:
+                    value = self._fn(self.call.arguments, self)  # the common case, directly
                 else:
                     value = self._call_body()
             except NotStarted:
@@ -240,7 +227,8 @@ class ToolContext(Claim):
         finally:
             with _CONTEXT_LOCK:
                 self._closed = True
-            self._interrupt = None
+            if self._runner is not None:
+                self._interrupt = None
             self._settled = True
             self._done.release()
 
@@ -349,7 +337,11 @@ def run_body(
                 return f"the executor refused the body: {exc}"
             raise
         listener, wake_at = _listen(state, ctx)
-        if not ctx._settled:
+        if wake_at is None and get_ident() != _main_ident():
+            done = ctx._done  # no signal can land off the main thread: block until settled
+            while not ctx._settled:
+                done.acquire()
+        elif not ctx._settled:
             wait_until(
                 ctx._is_settled,
                 functools.partial(ctx._done.acquire, True),
@@ -387,12 +379,13 @@ def _listen(
     Ctrl-C and the asyncio facade reach the body through `CallState.cancel`), and the joiner
     wakes by itself at the deadline's due time. Anything else listens on the body's token.
     """
-    due = ctx.token._lazy_due_above(state.token)
+    token = ctx.token
+    due = None if token is state.token else token._lazy_due_above(state.token)
     if due is False:
-        return ctx.token.on_cancel(ctx._cancelled), None
+        return token.on_cancel(ctx._cancelled), None
     caller = state.caller
     listener = None
-    if state.live and caller is not CancelToken.never():
+    if state.live and caller is not _NEVER:
         listener = caller.on_cancel(functools.partial(_caller_cancelled, state))
     if due is None:
         return listener, None

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._cancel import CancelSource, CancelToken
+from ._cancel import CancelToken, _cancel, child_token
 
 if TYPE_CHECKING:
     from ._body import ToolContext
@@ -104,36 +104,44 @@ class CallState:
     `execute`, a worker for batch items and awaited calls) unless a field says otherwise.
     """
 
-    __slots__ = (
-        "body",
-        "body_cancelled_at",
-        "call",
-        "caller",
-        "chain_open",
-        "debug",
-        "dispatched",
-        "dispatched_at",
-        "drained",
-        "entered",
-        "entry",
-        "foreign_proceeds",
-        "hook_error",
-        "hooks",
-        "inline",
-        "interrupted",
-        "live",
-        "mode",
-        "own_result",
-        "progress",
-        "settled_at",
-        "source",
-        "stage",
-        "thread",
-        "token",
-        "tool",
-        "traces",
-        "wall",
-    )
+    # Not slotted: the fields most calls never change are class-level defaults below, so a
+    # call sets only what it must (this object is made for every call).
+
+    #: The catalog entry of the tool (validators, `async def` or not) and the tool itself;
+    #: None until the entry checks passed (no stage runs before `admit`).
+    entry: CatalogEntry = None  # type: ignore[assignment]
+    tool: Tool = None  # type: ignore[assignment]
+    #: The stage the call is in (read by `in_flight()` from any thread); `at()` moves it.
+    stage: Stage = Stage.ENTRY
+    #: A body of this call has started. Set by the stage thread after the join.
+    dispatched = False
+    #: The timeline (monotonic): the first body start, the last body settle, and when the
+    #: token the last body observed was cancelled. Set by the stage thread after each join.
+    dispatched_at: float | None = None
+    settled_at: float | None = None
+    body_cancelled_at: float | None = None
+    #: The latest body run (a retrying wrapper makes several). Set by the stage thread;
+    #: `cancel` reads it from any thread.
+    body: ToolContext | None = None
+    #: A Ctrl-C (or other asynchronous exception) that landed in the call: re-raised once the
+    #: call is complete. Set by the stage thread.
+    interrupted: BaseException | None = None
+    #: The registry-made `HOOK_ERROR` result, if any (it skips post hooks).
+    hook_error: ToolResult[Any] | None = None
+    #: A result the registry built and no user code has seen: finished in place.
+    own_result: ToolResult[Any] | None = None
+    #: The around chain: open while the outermost wrapper runs; `foreign_proceeds` counts
+    #: `proceed()` calls running on other threads, and `drained` is set when the last one
+    #: leaves after the chain closed. Guarded by `_pipeline.PROCEEDS_LOCK`.
+    chain_open = False
+    foreign_proceeds = 0
+    drained: threading.Event | None = None
+    #: What the call hooks follow this call with (see `_traces`); set at entry.
+    traces: tuple[CallTrace, ...] = ()
+    #: The registry made `call` itself (from a tool name): the entry checks may freeze it in
+    #: place instead of copying it.
+    owns_call = False
+
 
     def __init__(
         self,
@@ -148,10 +156,6 @@ class CallState:
         #: The call: as given until the entry checks passed (`admit`), then as executed, with
         #: frozen arguments.
         self.call = call
-        #: The catalog entry of the tool (validators, `async def` or not) and the tool itself;
-        #: None until the entry checks passed (no stage runs before `admit`).
-        self.entry: CatalogEntry = None  # type: ignore[assignment]
-        self.tool: Tool = None  # type: ignore[assignment]
         #: The hooks registered at entry: they serve the whole call.
         self.hooks = hooks
         #: The caller's token, captured at entry, outside anything a wrapper can reach.
@@ -160,10 +164,9 @@ class CallState:
         self.live = not caller.cancelled
         #: How the call was entered.
         self.mode = mode
-        #: The call's own source: a lazy child of `caller`; `close()`, Ctrl-C and the asyncio
-        #: facade cancel it (from any thread, through `cancel`). `token` is its token.
-        self.source = CancelSource(caller)
-        self.token = self.source.token
+        #: The call's own token: a lazy child of `caller`; `close()`, Ctrl-C and the asyncio
+        #: facade cancel it (from any thread, through `cancel`).
+        self.token = child_token(caller)
         #: Entry time: `time.monotonic()`, and the wall clock (`time.time()`) read with it.
         self.entered = entered
         self.wall = time.time()
@@ -171,48 +174,25 @@ class CallState:
         #: worker already running a body of this registry).
         self.thread = threading.get_ident()
         self.inline = inline
-        #: The stage the call is in (read by `in_flight()` from any thread); `at()` moves it.
-        self.stage = Stage.ENTRY
         self.debug = _logger.isEnabledFor(logging.DEBUG)  # one cheap check per call
-        #: A body of this call has started. Set by the stage thread after the join.
-        self.dispatched = False
-        #: The timeline (monotonic): the first body start, the last body settle, and when the
-        #: token the last body observed was cancelled. Set by the stage thread after each join.
-        self.dispatched_at: float | None = None
-        self.settled_at: float | None = None
-        self.body_cancelled_at: float | None = None
-        #: The latest body run (a retrying wrapper makes several). Set by the stage thread;
-        #: `cancel` reads it from any thread.
-        self.body: ToolContext | None = None
-        #: A Ctrl-C (or other asynchronous exception) that landed in the call: re-raised once
-        #: the call is complete. Set by the stage thread.
-        self.interrupted: BaseException | None = None
-        #: The registry-made `HOOK_ERROR` result, if any (it skips post hooks).
-        self.hook_error: ToolResult[Any] | None = None
-        #: A result the registry built and no user code has seen: finished in place.
-        self.own_result: ToolResult[Any] | None = None
         #: The caller's `progress=` sink (direct and awaited calls only).
         self.progress = progress
-        #: The around chain: open while the outermost wrapper runs; `foreign_proceeds` counts
-        #: `proceed()` calls running on other threads, and `drained` is set when the last one
-        #: leaves after the chain closed. Guarded by `_pipeline.PROCEEDS_LOCK`.
-        self.chain_open = False
-        self.foreign_proceeds = 0
-        self.drained: threading.Event | None = None
-        #: What the call hooks follow this call with (see `_traces`); set at entry.
-        self.traces: tuple[CallTrace, ...] = ()
 
     def at(self, stage: Stage) -> None:
         """Enter a stage (shown by `in_flight()`; logged at DEBUG when enabled)."""
         self.stage = stage
         if self.debug:
-            _logger.debug(
-                "toolreg: %s %s: %s (token %s)",
-                self.call.name,
-                self.call.call_id,
-                stage.value,
-                "cancelled" if self.token.cancelled else "live",
-            )
+            self.log_stage()
+
+    def log_stage(self) -> None:
+        """The DEBUG line for the stage just entered (hot paths set `stage` themselves)."""
+        _logger.debug(
+            "toolreg: %s %s: %s (token %s)",
+            self.call.name,
+            self.call.call_id,
+            self.stage.value,
+            "cancelled" if self.token.cancelled else "live",
+        )
 
     def admit(self, call: ToolCall, entry: CatalogEntry) -> None:
         """The entry checks passed: the frozen call and its catalog entry."""
@@ -225,7 +205,7 @@ class CallState:
 
         Safe from any thread; used by `close()`, by an interrupt, and by the asyncio facade.
         """
-        self.source.cancel(reason)
+        _cancel(self.token, reason)
         body = self.body
         if body is not None:
             body._cancelled()
@@ -238,7 +218,7 @@ class CallState:
         """
         if self.interrupted is None:
             self.interrupted = exc
-        self.source.cancel(type(exc).__name__)
+        _cancel(self.token, type(exc).__name__)
 
     def mark_body(self, body: ToolContext) -> None:
         """After a join: the body's moments, for the timeline."""
@@ -252,11 +232,14 @@ class CallState:
 
     def first_cancelled_at(self) -> float | None:
         """When the call's token, or the token its body observed, was first cancelled."""
-        own = self.cancelled_at()
         body = self.body_cancelled_at
-        if own is None or (body is not None and body < own):
+        token = self.token
+        if not token._cancelled and token._pending is None and token._due is None:
+            return body  # live, and nothing it could resolve against
+        if not token.cancelled:
             return body
-        return own
+        own = token._cancelled_at
+        return body if body is not None and body < own else own
 
     def revoked(self) -> bool:
         """A token live at entry has been cancelled since (the rechecks)."""

@@ -725,6 +725,17 @@ def _new_source_token(
     return token
 
 
+def child_token(parent: CancelToken) -> CancelToken:
+    """A lazy child of `parent` without a source (the registry's own, checked tokens).
+
+    Cancel it with `_cancel(token, reason)`; like a source's token it follows `parent`.
+    """
+    token = _new_token()
+    if parent is not _NEVER:
+        token._pending = (parent,)
+    return token
+
+
 def deadline(
     parent: CancelToken | None, seconds: float | None, code: str = "TIMEOUT"
 ) -> CancelSource:
@@ -768,15 +779,34 @@ def _resolve(token: CancelToken) -> bool:
     threads resolving at once agree (the first mark wins) and a callback registered meanwhile
     still runs exactly once.
     """
-    pending = token._pending
-    if token._due is None and pending is not None and len(pending) == 1:
+    pending, due = token._pending, token._due
+    if pending is None:
+        if due is None:
+            return token._cancelled
+        if _now() < due:  # a deadline of its own, not due yet
+            return False
+        return _time_out(token, due)
+    if len(pending) == 1:
         parent = pending[0]
         if parent._pending is None and parent._due is None:  # one eager parent: the common case
-            if not parent._cancelled:
+            if parent._cancelled:
+                at = parent._cancelled_at
+                if due is not None and due < at:
+                    return _time_out(token, due)  # its own due time came first
+                _cancel(token, parent._reason, at=at)
+                return True
+            if due is None or _now() < due:
                 return False
-            _cancel(token, parent._reason, at=parent._cancelled_at)
-            return True
+            return _time_out(token, due)
     return _resolve_graph(token)
+
+
+def _time_out(token: CancelToken, due: float) -> bool:
+    why = token._due_reason
+    if why is None:  # made eager (or cancelled) meanwhile: what it reads now is the answer
+        return token._cancelled
+    _cancel(token, TimeoutReason(*why), from_timer=True, at=due)
+    return True
 
 
 def _resolve_graph(token: CancelToken) -> bool:

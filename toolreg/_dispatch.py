@@ -34,6 +34,7 @@ import time
 import weakref
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, Future
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._body import Submit, ToolContext
@@ -70,6 +71,8 @@ class Watcher(Protocol):
 
 
 class Catalogue(Protocol):
+    entries: dict[str, CatalogEntry]
+
     def lookup(self, name: str) -> CatalogEntry | None: ...
 
 
@@ -95,6 +98,9 @@ class Dispatcher:
         self._executor = executor
         self._owns_executor = owns_executor
         self._pool = executor if isinstance(executor, WorkerPool) else None
+        # The pool's own ident -> worker table (only its workers write it): a thread found here
+        # is running a body right now, so a call it makes runs inline.
+        self._pool_threads: dict[int, Any] = {} if self._pool is None else self._pool._threads
         self.overdue_after = overdue_after
         # Guards _closing/_closed transitions and the idle condition; never held while a call
         # runs, and the calls table is read and written without it (see the module docstring).
@@ -121,18 +127,32 @@ class Dispatcher:
         progress: ProgressSink | None = None,
         admitted: CatalogEntry | None = None,
         watcher: Watcher | None = None,
+        owns_call: bool = False,
     ) -> tuple[ToolResult[Any], BaseException | None]:
         """Run one call; its final result and the interrupt (if any) to re-raise or hand on.
 
         `admitted`: the batch already ran the entry checks (`call` is frozen, this is its
         entry). `watcher.watch(state)` is told the call's state as soon as it exists (the
-        asyncio facade cancels it through that).
+        asyncio facade cancels it through that). `owns_call`: the registry made `call` from a
+        name and nothing else has seen it.
         """
         entered = time.monotonic()
-        inline = mode.inline or self.on_body_thread(threading.get_ident())
+        ident = get_ident()
+        inline = mode.inline or ident in self._pool_threads or self.on_body_thread(ident)
         hooks = self._hooks.current
         state = CallState(call, hooks, caller, mode, entered, inline, progress)
-        key = self._admit(state, mode)
+        if owns_call:
+            state.owns_call = True
+        # Admission, inline: this runs for every call.
+        if self._closed or (self._closing and not mode.admit_while_closing):
+            raise RuntimeError("this ToolRegistry is closed: create a new one to run calls")
+        if self._foreign_inherited:
+            self._check_usable()
+        key = id(state)
+        calls = self._calls
+        calls[key] = state
+        if self._closing:  # close() may have listed the table before this call
+            state.cancel("registry closed")
         if hooks.call_hooks:
             state.traces = start_traces(hooks.call_hooks, call, state.token)
         try:
@@ -140,7 +160,9 @@ class Dispatcher:
                 watcher.watch(state)
             result = execute_call(self, state, admitted)
         finally:
-            self._untrack(key)
+            calls.pop(key, None)
+            if not calls and (self._idle_waiters or self._idle_callbacks):
+                self._notify_idle()
         return result, state.interrupted
 
     def execute(
@@ -164,12 +186,13 @@ class Dispatcher:
     ) -> Any:
         return self._coroutines.run(make, token)
 
-    def lookup(self, name: str) -> CatalogEntry | None:
-        return self._tools.lookup(name)
+    @property
+    def tools(self) -> Catalogue:
+        return self._tools
 
-    def submit_for(self, state: CallState) -> Submit | None:
-        if state.inline or state.entry.runner is not None:
-            return None  # a remote runner joins its body on the stage thread
+    @property
+    def submit(self) -> Submit:
+        """How bodies are handed to a worker (the pool's own hand-off, or a Future)."""
         return self._submit
 
     def unstarted(self, call: ToolCall) -> tuple[ToolResult[Any], BaseException | None]:
@@ -248,13 +271,6 @@ class Dispatcher:
         )
 
     # -- admission and the in-flight table ---------------------------------------------------
-
-    def _admit(self, entry: Cancellable, mode: CallMode) -> int:
-        if self._closed or (self._closing and not mode.admit_while_closing):
-            raise RuntimeError("this ToolRegistry is closed: create a new one to run calls")
-        if self._foreign_inherited:
-            self._check_usable()
-        return self.track(entry)
 
     def admit(self, entry: Cancellable, nested: bool) -> int:
         """Count `entry` in (a batch, an awaited job); `RuntimeError` if closed."""

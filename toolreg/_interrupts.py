@@ -45,11 +45,17 @@ __all__ = [
     "MAIN_THREAD_SLICE",
     "SigintRequest",
     "deferred_sigint",
+    "main_ident",
     "wait_until",
 ]
 
 INTERRUPTS = (KeyboardInterrupt, SystemExit)  # raised by user code: an interrupt, not a failure
 MAIN_THREAD_SLICE = 0.1  # seconds; bounds how late a signal is handled while the main thread waits
+
+
+def main_ident() -> int | None:
+    """The main thread's ident: the only thread signal handlers (and their exceptions) run on."""
+    return threading.main_thread().ident
 
 
 def wait_until(

@@ -71,15 +71,21 @@ _NO_CONTEXTS: tuple[Any, ...] = ()
 PROCEEDS_LOCK = threading.Lock()  # guards every CallState's chain_open, foreign_proceeds, drained
 
 
+class Entries(Protocol):
+    entries: dict[str, CatalogEntry]  # replaced whole on every change: read it once
+
+
 class PipelineHost(BodyHost, Protocol):
     """What the stages need from the dispatcher that runs them."""
 
-    def lookup(self, name: str) -> CatalogEntry | None:
-        """The catalog entry registered under `name` now."""
+    @property
+    def tools(self) -> Entries:
+        """The catalog: `tools.entries` maps a name to its entry now."""
         ...
 
-    def submit_for(self, state: CallState) -> Submit | None:
-        """How to hand this call's body to a worker, or None to run it inline."""
+    @property
+    def submit(self) -> Submit:
+        """How to hand a body to a worker."""
         ...
 
 
@@ -116,8 +122,11 @@ def _entry_checks(host: PipelineHost, state: CallState) -> ToolResult[Any] | Non
     except InvalidArguments as exc:
         state.call = frozen_call(call.name, None, call.call_id)
         return _failure(state.call, ErrorCode.INVALID_ARGS, str(exc))
-    call = state.call = frozen_call(call.name, frozen, call.call_id)
-    entry = host.lookup(call.name) if type(call.name) is str else None
+    if state.owns_call:  # made by the registry from a name, seen by nobody yet: freeze in place
+        call.__dict__["arguments"] = frozen
+    else:
+        call = state.call = frozen_call(call.name, frozen, call.call_id)
+    entry = host.tools.entries.get(call.name) if type(call.name) is str else None
     if entry is None:
         return _failure(call, ErrorCode.UNKNOWN_TOOL, f"unknown tool {safe_repr(call.name)}")
     if entry.validator is not None:
@@ -165,11 +174,43 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
 
 
 def _finish(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
-    final = _finalize(state, result)
+    """Finalize (the frozen result: call, dispatched, duration, timeline), trace, notify."""
+    finished = time.monotonic()
+    entered = state.entered
+    duration = finished - entered
+    cancelled = state.first_cancelled_at()
+    dispatched, settled = state.dispatched_at, state.settled_at
+    timeline = _new_timeline(
+        (
+            state.wall,
+            None if dispatched is None else dispatched - entered,
+            None if cancelled is None else max(0.0, cancelled - entered),
+            None if settled is None else settled - entered,
+            duration,
+        )
+    )
+    if result is state.own_result:  # made by the registry in this call, unseen: finish in place
+        finish_result(result, state.dispatched, duration, timeline)
+        final = result
+    else:
+        final = make_result(
+            state.call,
+            result.ok,
+            result.content,
+            result.value,
+            result.error,
+            tuple(result.contexts),
+            state.dispatched,
+            duration,
+            timeline,
+        )
     if state.traces:
         end_traces(state.traces, final)
     _notify(state, final)
     return final
+
+
+_new_timeline = CallTimeline._make  # a plain tuple.__new__: no keyword handling per call
 
 
 # -- gate: pre-execute hooks, approval, guards ---------------------------------------------------
@@ -314,9 +355,12 @@ def _proceed(
 
 def _close_chain(state: CallState) -> None:
     """The chain returned: refuse new `proceed()` calls, join those still running elsewhere."""
-    drained = threading.Event()  # allocated outside the lock
     with PROCEEDS_LOCK:
         state.chain_open = False
+        if state.foreign_proceeds == 0:
+            return
+    drained = threading.Event()  # allocated outside the lock, and only when needed
+    with PROCEEDS_LOCK:
         if state.foreign_proceeds == 0:
             return
         state.drained = drained
@@ -331,7 +375,9 @@ def _wait_event(event: threading.Event, timeout: float) -> bool:
 
 
 def _body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolResult[Any]:
-    state.at(Stage.DISPATCH)
+    state.stage = Stage.DISPATCH
+    if state.debug:
+        state.log_stage()
     token = state.token
     fused: CancelSource | None = None
     if wrapper_token is not token:
@@ -344,9 +390,13 @@ def _body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolRe
             token = fused.token
     ctx = ToolContext(state, token, host)
     state.body = ctx
-    state.at(Stage.BODY)
+    state.stage = Stage.BODY
+    if state.debug:
+        state.log_stage()
+    # Inline: already on a thread dedicated to this call; a runner joins its remote body here.
+    submit = None if state.inline or state.entry.runner is not None else host.submit
     try:
-        refused = run_body(state, ctx, host.submit_for(state), state.interrupt)
+        refused = run_body(state, ctx, submit, state.interrupt)
     finally:
         if fused is not None:
             fused.close()  # nothing of this body stays linked to the caller's token
@@ -363,7 +413,9 @@ def _body_result(
     if not ctx._started:
         return _aborted(state)
     state.dispatched = True
-    state.at(Stage.AFTER_BODY)
+    state.stage = Stage.AFTER_BODY
+    if state.debug:
+        state.log_stage()
     error = ctx._error
     if error is None:
         return _success(state, ctx._value, ctx._live_on_return, contexts)
@@ -434,45 +486,13 @@ def _post_execute(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
     return _unless_revoked(state, result)
 
 
-def _finalize(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
-    """The frozen final result: the registry sets call, dispatched, duration and timeline."""
-    finished = time.monotonic()
-    duration = finished - state.entered
-    timeline = _timeline(state, finished)
-    if result is state.own_result:  # made by the registry in this call, unseen: finish in place
-        finish_result(result, state.dispatched, duration, timeline)
-        return result
-    return make_result(
-        state.call,
-        result.ok,
-        result.content,
-        result.value,
-        result.error,
-        tuple(result.contexts),
-        state.dispatched,
-        duration,
-        timeline,
-    )
-
-
-def _timeline(state: CallState, finished: float) -> CallTimeline:
-    entered = state.entered
-    dispatched = state.dispatched_at
-    settled = state.settled_at
-    cancelled = state.first_cancelled_at()
-    return CallTimeline(
-        state.wall,
-        None if dispatched is None else dispatched - entered,
-        None if cancelled is None else max(0.0, cancelled - entered),
-        None if settled is None else settled - entered,
-        finished - entered,
-    )
-
-
 def _notify(state: CallState, result: ToolResult[Any]) -> None:
     """Each observer sees the final result once; exceptions are logged, never raised."""
+    observers = state.hooks.observers
+    if not observers:
+        return
     state.at(Stage.OBSERVERS)
-    for observer in state.hooks.observers:
+    for observer in observers:
         try:
             observer(result)
         except INTERRUPTS as exc:

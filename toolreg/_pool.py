@@ -244,7 +244,9 @@ class WorkerPool(Executor):
         self._lock = threading.Lock()
         self._idle.clear()
         self._backlog = collections.deque()
-        self._threads = {me: mine} if mine is not None else {}
+        self._threads.clear()  # in place: the dispatcher holds this very dict
+        if mine is not None:
+            self._threads[me] = mine
         self._count = 1 if mine is not None else 0
 
     def __repr__(self) -> str:

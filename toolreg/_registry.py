@@ -28,12 +28,15 @@ from ._hooks import (
 )
 from ._pool import WorkerPool
 from ._progress import ProgressCallback, ProgressSink
-from ._results import ToolCall, ToolResult
+from ._results import ToolCall, ToolResult, frozen_call, new_call_id
 from ._tools import ConcurrencySafe, Tool
 
 __all__ = ["InFlightCall", "ToolRegistry"]
 
 _logger = logging.getLogger("toolreg")
+_NEVER = CancelToken.never()
+_DIRECT = CallMode.direct(True)
+_DIRECT_MODEL = CallMode.direct(False)
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_MAX_WORKERS = 8
@@ -295,10 +298,19 @@ class ToolRegistry:
         a call that is not a `ToolCall` or a name, and re-raises a Ctrl-C (or any exception a
         signal handler raised meanwhile) once the call has settled and been observed.
         """
-        call = as_call(call_or_name, arguments)
-        caller = as_token(token)
-        mode = CallMode.direct(bool(start_if_cancelled))
-        return self._dispatcher.execute(call, caller, mode, progress_sink(progress))
+        if type(call_or_name) is str:  # the shorthand: the registry makes (and owns) the call
+            call = frozen_call(call_or_name, {} if arguments is None else arguments, new_call_id())
+            owned = True
+        else:
+            call = as_call(call_or_name, arguments)
+            owned = False
+        caller = _NEVER if token is None else as_token(token)
+        mode = _DIRECT if start_if_cancelled else _DIRECT_MODEL
+        sink = None if progress is None else progress_sink(progress)
+        result, interrupted = self._dispatcher.run(call, caller, mode, sink, owns_call=owned)
+        if interrupted is not None:
+            raise interrupted  # once the call is complete and observed
+        return result
 
     def execute_batch(
         self,

@@ -232,17 +232,16 @@ def make_result(
 ) -> ToolResult[Any]:
     """A `ToolResult` without the frozen dataclass's per-field `__setattr__` (the hot path)."""
     result: ToolResult[Any] = _new_object(ToolResult)
-    result.__dict__.update(
-        call=call,
-        ok=ok,
-        content=content,
-        value=value,
-        error=error,
-        contexts=contexts,
-        dispatched=dispatched,
-        duration=duration,
-        timeline=timeline,
-    )
+    fields = result.__dict__  # item by item: no keyword dict to build
+    fields["call"] = call
+    fields["ok"] = ok
+    fields["content"] = content
+    fields["value"] = value
+    fields["error"] = error
+    fields["contexts"] = contexts
+    fields["dispatched"] = dispatched
+    fields["duration"] = duration
+    fields["timeline"] = timeline
     return result
 
 

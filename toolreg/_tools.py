@@ -285,6 +285,10 @@ def _frozen(items: dict[str, Any]) -> FrozenDict:
     return frozen
 
 
+_EMPTY = _frozen({})  # read-only, so one instance serves every call without arguments
+_PLAIN = frozenset({str, int, bool, type(None)})  # values a flat dict is copied with as they are
+
+
 class InvalidArguments(ValueError):
     """Arguments that are not a JSON-compatible mapping; `where` locates the bad value."""
 
@@ -312,6 +316,14 @@ def freeze_arguments(arguments: object) -> FrozenDict:
     too; only `KeyboardInterrupt` and `SystemExit` propagate.
     """
     try:
+        if type(arguments) is dict:  # the common case: flat, plain values
+            if not arguments:
+                return _EMPTY
+            for key, value in arguments.items():
+                if type(key) is not str or type(value) not in _PLAIN:
+                    break
+            else:
+                return _frozen(arguments)
         if not isinstance(arguments, Mapping):
             raise InvalidArguments(f"must be a mapping, got {_type_name(arguments)}")
         return _freeze_mapping(arguments, 0, set())
