@@ -32,15 +32,13 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-import fastjsonschema
-
 from ._call import CallMode
 from ._cancel import CancelSource, CancelToken
 from ._catalog import CatalogEntry
 from ._claim import Claim
 from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, SigintRequest, deferred_sigint
 from ._results import ToolCall, ToolResult, frozen_call
-from ._tools import InvalidArguments, freeze_arguments
+from ._tools import freeze_arguments
 
 __all__ = ["BatchHost", "Progress", "check_batch", "execute_batch"]
 
@@ -269,7 +267,7 @@ class BatchRun:
             arguments = freeze_arguments(call.arguments)
             if entry.validator is not None:
                 entry.validator(arguments)  # bad arguments mean exclusive, even for True
-        except (InvalidArguments, fastjsonschema.JsonSchemaException):
+        except Exception:  # InvalidArguments or the validator's JsonSchemaException
             return False  # the call's own entry checks will report it
         self.admitted[index] = (frozen_call(call.name, arguments, call.call_id), entry)
         safe = entry.tool.concurrency_safe

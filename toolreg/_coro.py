@@ -8,13 +8,18 @@ registry classifies it as `ABORTED`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._cancel import Cancelled, CancelToken
+
+if TYPE_CHECKING:
+    import asyncio
+
+# asyncio is imported where it is first needed (an `async def` body): `import toolreg` does not
+# pay for it.
 
 
 class CoroutineRunner:
@@ -29,6 +34,8 @@ class CoroutineRunner:
 
     def run(self, make: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken) -> Any:
         """Run `make()` on the loop thread; block until it finished; return its value."""
+        import asyncio
+
         loop = self._ensure_loop()
         if threading.current_thread() is self._thread:
             # A nested async body from an async body: the loop is busy running our caller.
@@ -60,6 +67,8 @@ class CoroutineRunner:
         raise value
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        import asyncio
+
         with self._lock:
             if self._closed:
                 raise RuntimeError("the registry's event loop for async tool bodies is closed")
@@ -95,6 +104,8 @@ class CoroutineRunner:
 
 
 def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    import asyncio
+
     asyncio.set_event_loop(loop)
     loop.run_forever()
 

@@ -37,8 +37,6 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import fastjsonschema
-
 from ._body import BodyHost, Submit, ToolContext, run_body
 from ._call import CallState, Stage
 from ._cancel import Cancelled, CancelSource, CancelToken
@@ -132,7 +130,7 @@ def _entry_checks(host: PipelineHost, state: CallState) -> ToolResult[Any] | Non
     if entry.validator is not None:
         try:
             entry.validator(frozen)
-        except fastjsonschema.JsonSchemaException as exc:
+        except Exception as exc:  # the compiled validator's JsonSchemaException
             return _failure(call, ErrorCode.INVALID_ARGS, str(getattr(exc, "message", exc)))
     state.admit(call, entry)
     return None

@@ -9,13 +9,16 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple
-
-from typing_extensions import TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 __all__ = ["CallTimeline", "ErrorCode", "ToolCall", "ToolError", "ToolResult"]
 
-T = TypeVar("T", default=Any)
+if TYPE_CHECKING:  # a bare `ToolResult` means ToolResult[Any] for type checkers (PEP 696)
+    from typing_extensions import TypeVar as _DefaultTypeVar
+
+    T = _DefaultTypeVar("T", default=Any)
+else:  # at run time a plain TypeVar does; typing_extensions costs milliseconds to import
+    T = TypeVar("T")
 
 
 class ErrorCode(str, enum.Enum):

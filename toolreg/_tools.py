@@ -8,10 +8,10 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-import fastjsonschema
-from typing_extensions import Self
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 from . import _validate
 
@@ -165,6 +165,10 @@ def _compile_object_schema(
             f"tool {name!r}: the {what} schema's root type must be 'object', "
             f"got {schema['type']!r}"
         )
+    # Imported when a schema is first compiled: it loads urllib and ssl, which `import
+    # toolreg` should not pay for.
+    import fastjsonschema
+
     try:
         validator: Validator = fastjsonschema.compile(
             _plain(schema), handlers=_NO_FETCHING, use_default=False
