@@ -39,6 +39,7 @@ from toolreg import (
     CancelSource,
     CancelToken,
     ErrorCode,
+    RegistryClosedError,
     Tool,
     ToolCall,
     ToolRegistry,
@@ -361,9 +362,11 @@ def test_misuse_raises_at_the_await() -> None:
         with pytest.raises(TypeError):
             await areg.execute("x", token=CancelSource())  # type: ignore[arg-type]
         await areg.aclose()
-        with pytest.raises(RuntimeError, match="closed"):
+        assert not registry.closed  # the facade closes what it made, not what it was given
+        await asyncio.to_thread(registry.close)
+        with pytest.raises(RegistryClosedError, match="closed"):
             await areg.execute("x")
-        with pytest.raises(RuntimeError, match="closed"):
+        with pytest.raises(RegistryClosedError, match="closed"):
             await areg.execute_batch([ToolCall("x")])
 
     asyncio.run(main())
@@ -374,7 +377,7 @@ def test_misuse_raises_at_the_await() -> None:
 # -- lifecycle ----------------------------------------------------------------------------------
 
 
-def test_async_with_closes_the_registry_and_leaves_no_thread() -> None:
+def test_async_with_stops_the_facades_threads_and_the_owner_closes_the_registry() -> None:
     before = set(threading.enumerate())
     registry = ToolRegistry(max_workers=2)
     inside: set[str] = set()
@@ -395,6 +398,8 @@ def test_async_with_closes_the_registry_and_leaves_no_thread() -> None:
             results = await areg.execute_batch([ToolCall("plain"), ToolCall("coroutine")])
             assert [r.ok for r in results] == [True, True]
             inside.update(t.name for t in threading.enumerate())
+        assert not registry.closed  # given, not made: the facade leaves it open
+        await asyncio.to_thread(registry.close)  # its creator closes it, off the loop
         assert registry.closed
 
     asyncio.run(main())

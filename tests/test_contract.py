@@ -804,6 +804,7 @@ def test_asyncio_facade_starts_no_body_once_it_cancelled_the_call_itself(
         with pytest.raises(asyncio.CancelledError):
             await task
         await areg.aclose()
+        await asyncio.to_thread(registry.close)
 
     asyncio.run(scenario())
     assert starts == []

@@ -12,6 +12,8 @@ The public API, re-exported from the private modules that implement it:
 * policies (`_policies`): `TimeoutPolicy`, `RetryPolicy`.
 """
 
+import contextlib
+
 from ._body import ToolContext as ToolContext
 from ._call import Stage as Stage
 from ._cancel import Cancelled as Cancelled
@@ -22,6 +24,10 @@ from ._cancel import TimeoutReason as TimeoutReason
 from ._cancel import deadline as deadline
 from ._cancel import timeout_of as timeout_of
 from ._catalog import Catalog as Catalog
+from ._errors import ContextSettledError as ContextSettledError
+from ._errors import ExecutorRefusedError as ExecutorRefusedError
+from ._errors import InsideCallError as InsideCallError
+from ._errors import RegistryClosedError as RegistryClosedError
 from ._hooks import Allow as Allow
 from ._hooks import Approver as Approver
 from ._hooks import AroundWrapper as AroundWrapper
@@ -61,15 +67,19 @@ __all__ = [
     "CancelToken",
     "Cancelled",
     "Catalog",
+    "ContextSettledError",
     "Deny",
     "Dispatch",
     "ErrorCode",
+    "ExecutorRefusedError",
     "FrozenDict",
     "Guard",
     "InFlightCall",
+    "InsideCallError",
     "PostExecuteHook",
     "PreExecuteHook",
     "Registration",
+    "RegistryClosedError",
     "ResultObserver",
     "RetryPolicy",
     "Stage",
@@ -87,3 +97,16 @@ __all__ = [
     "thaw",
     "timeout_of",
 ]
+
+
+def _report_public_module() -> None:
+    # Public names report the module users import them from (`toolreg.ToolRegistry`, not
+    # `toolreg._registry.ToolRegistry`): in reprs, tracebacks, pickles and documentation.
+    for name in __all__:
+        value = globals()[name]
+        if getattr(value, "__module__", "").startswith("toolreg._"):
+            with contextlib.suppress(AttributeError, TypeError):  # an alias: nothing to rename
+                value.__module__ = __name__
+
+
+_report_public_module()

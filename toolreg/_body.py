@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from ._cancel import CancelSource, CancelToken, Registration, deadline
 from ._claim import Claim
+from ._errors import ContextSettledError
 from ._interrupts import main_ident as _main_ident
 from ._interrupts import wait_until
 from ._progress import check_progress
@@ -150,7 +151,7 @@ class ToolContext(Claim):
         """Keep `item` for the result's `contexts` (in call order); thread-safe."""
         with _CONTEXT_LOCK:
             if self._closed:
-                raise RuntimeError("defer_context() after the tool body has returned")
+                raise ContextSettledError("defer_context() after the tool body has returned")
             if self._contexts is None:
                 self._contexts = []
             self._contexts.append(item)
@@ -160,7 +161,7 @@ class ToolContext(Claim):
     ) -> ToolResult[Any]:
         """Run a nested tool call inline, under this call's token; returns its `ToolResult`."""
         if self._closed:
-            raise RuntimeError("ctx.execute() after the tool body has returned")
+            raise ContextSettledError("ctx.execute() after the tool body has returned")
         return self._host.run_nested(as_call(call_or_name, arguments), self.token)
 
     def report_progress(
@@ -177,7 +178,7 @@ class ToolContext(Claim):
         """
         check_progress(progress, total, message)
         if self._closed:
-            raise RuntimeError("report_progress() after the tool body has returned")
+            raise ContextSettledError("report_progress() after the tool body has returned")
         sink = self._progress
         if sink is not None:
             sink.report(self.call, progress, total, message)

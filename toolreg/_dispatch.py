@@ -42,6 +42,7 @@ from ._call import CallMode, CallState, Stage
 from ._cancel import CancelToken
 from ._catalog import CatalogEntry
 from ._coro import CoroutineRunner
+from ._errors import ExecutorRefusedError, InsideCallError, RegistryClosedError
 from ._interrupts import MAIN_THREAD_SLICE, wait_until
 from ._pipeline import execute as execute_call
 from ._pipeline import never_started
@@ -145,7 +146,7 @@ class Dispatcher:
             state.owns_call = True
         # Admission, inline: this runs for every call.
         if self._closed or (self._closing and not mode.admit_while_closing):
-            raise RuntimeError("this ToolRegistry is closed: create a new one to run calls")
+            raise RegistryClosedError("this ToolRegistry is closed: create a new one to run calls")
         if self._foreign_inherited:
             self._check_usable()
         key = id(state)
@@ -245,7 +246,7 @@ class Dispatcher:
 
     def _check_usable(self) -> None:
         if self._foreign_inherited:
-            raise RuntimeError(
+            raise ExecutorRefusedError(
                 "this ToolRegistry was created before fork() with an executor passed in, whose "
                 "threads did not survive the fork: create the registry (and its executor) in "
                 "the child, or let the registry own its WorkerPool"
@@ -275,7 +276,7 @@ class Dispatcher:
     def admit(self, entry: Cancellable, nested: bool) -> int:
         """Count `entry` in (a batch, an awaited job); `RuntimeError` if closed."""
         if self._closed or (self._closing and not nested):
-            raise RuntimeError("this ToolRegistry is closed: create a new one to run calls")
+            raise RegistryClosedError("this ToolRegistry is closed: create a new one to run calls")
         self._check_usable()
         return self.track(entry)
 
@@ -320,7 +321,7 @@ class Dispatcher:
     def wait_idle(self, timeout: float | None) -> bool:
         """Block until nothing is in flight (True), or `timeout` seconds passed (False)."""
         if self.inside():
-            raise RuntimeError("wait_idle() from inside one of this registry's calls would wait")
+            raise InsideCallError("wait_idle() from inside one of this registry's calls would wait")
         limit = None if timeout is None else time.monotonic() + timeout
         main = threading.current_thread() is threading.main_thread()
         with self._lock:
@@ -372,7 +373,7 @@ class Dispatcher:
         are cancelled already, so cooperative ones end; it is re-raised once all have.
         """
         if self.inside():
-            raise RuntimeError(
+            raise InsideCallError(
                 "close() from inside one of this registry's calls would wait forever"
             )
         with self._lock:

@@ -41,6 +41,7 @@ from ._call import CallMode, CallState
 from ._cancel import CancelSource, CancelToken
 from ._claim import Claim
 from ._dispatch import Dispatcher
+from ._errors import ExecutorRefusedError, InsideCallError
 from ._helper import HELPER
 from ._pool import WorkerPool
 from ._progress import ProgressSink, ToolProgress
@@ -59,8 +60,12 @@ class AsyncToolRegistry:
     """Async access to a `ToolRegistry`: same arguments, same results, same guarantees.
 
     The facade runs awaited calls on the registry's own pool and batch schedulers on a small
-    pool of its own (a scheduler waits for body workers, so it must not occupy one). `aclose()`
-    or `async with` closes the registry (without blocking the loop) and that pool.
+    pool of its own (a scheduler waits for body workers, so it must not occupy one).
+
+    Ownership follows the project's one rule: a component closes what it created, never what
+    it was given. So `aclose()` (or leaving `async with`) stops the facade's own scheduler
+    threads and leaves the registry open; whoever created the registry closes it (from async
+    code without blocking the loop: `await asyncio.to_thread(registry.close)`).
     """
 
     def __init__(self, registry: ToolRegistry) -> None:
@@ -135,7 +140,7 @@ class AsyncToolRegistry:
         """
         dispatcher = self._dispatcher
         if dispatcher.inside():
-            raise RuntimeError("wait_idle() from inside one of this registry's calls would wait")
+            raise InsideCallError("wait_idle() from inside one of this registry's calls would wait")
         seconds = check_wait(timeout)
         loop = asyncio.get_running_loop()
         idle: asyncio.Future[None] = loop.create_future()
@@ -199,11 +204,13 @@ class AsyncToolRegistry:
             return self._schedulers
 
     async def aclose(self) -> None:
-        """Close the registry (cancel, drain, shut down) without blocking the loop."""
+        """Stop the facade's own threads (without blocking the loop); the registry stays open.
+
+        Awaited batches still running keep their scheduler until they end. Idempotent.
+        """
         await asyncio.to_thread(self._close)
 
     def _close(self) -> None:
-        self._registry.close()
         with self._lock:
             schedulers, self._schedulers = self._schedulers, None
         if schedulers is not None:
@@ -300,7 +307,7 @@ class _Job(Claim):
         """The executor would not take the job (it was shut down): fail the awaiting task."""
         if self._claim.acquire(False):
             self.dispatcher.untrack(self.key)
-            refused = RuntimeError(f"the executor refused the call: {exc}")
+            refused = ExecutorRefusedError(f"the executor refused the call: {exc}")
             _deliver(self.loop, None, (False, refused), self)
 
     async def settled(self) -> None:

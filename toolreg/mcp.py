@@ -61,6 +61,8 @@ from ._registry import ToolRegistry
 
 __all__ = ["RequestCancelled", "build_server", "serve"]
 
+RequestCancelled.__module__ = __name__  # reported where users import it from
+
 Transport = Literal["stdio", "streamable-http"]
 
 
