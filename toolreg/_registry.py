@@ -7,7 +7,10 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 from . import _validate
 from ._batch import Progress, execute_batch
@@ -376,7 +379,7 @@ class ToolRegistry:
         """True once `close()` has finished."""
         return self._dispatcher.closed
 
-    def __enter__(self) -> ToolRegistry:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

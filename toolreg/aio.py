@@ -49,6 +49,8 @@ from ._registry import as_token, check_wait
 from ._results import ToolCall, ToolResult
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ._registry import ToolRegistry
 
 __all__ = ["AsyncToolRegistry"]
@@ -216,7 +218,7 @@ class AsyncToolRegistry:
         if schedulers is not None:
             schedulers.shutdown(wait=True)
 
-    async def __aenter__(self) -> AsyncToolRegistry:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

@@ -75,7 +75,10 @@ import threading
 import time
 import types
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 from ._logwriter import LineWriter
 from ._results import ToolResult
@@ -309,7 +312,7 @@ class ResultLog:
         """True once `close()` has been called."""
         return self._writer.closed
 
-    def __enter__(self) -> ResultLog:
+    def __enter__(self) -> Self:
         if self.closed:
             raise RuntimeError(f"ResultLog({self.path!r}) is closed: create a new one")
         return self
