@@ -1611,6 +1611,57 @@ def test_finalizer_touching_the_parent_during_a_children_sweep_does_not_deadlock
     assert result is not None and result.stdout.strip() == "no deadlock", "deadlocked"
 
 
+def test_finalizer_using_a_token_while_its_thread_holds_the_token_lock_does_not_deadlock() -> None:
+    # From 3.12 on, an allocation only schedules a collection; it runs at the thread's next call
+    # or loop back-edge, so it can land at any call inside a critical section, whatever that
+    # section allocates. Its finalizers then use the token whose lock this thread holds: linking
+    # a child, registering, waiting, removing, closing and cancelling must all go through.
+    result = run_python(
+        """
+        import gc
+        from toolreg import CancelSource
+
+        class Watcher:
+            def __init__(self, parent, kept, cancel):
+                self.cycle = self  # cyclic garbage: only a collection frees it
+                self.parent, self.kept, self.cancel = parent, kept, cancel
+                self.registration = parent.token.on_cancel(lambda: None)
+
+            def __del__(self):
+                token = self.parent.token
+                self.registration.remove()
+                token.on_cancel(lambda: None).remove()
+                CancelSource(token).close()
+                token.wait(0)
+                if self.kept:
+                    self.kept.pop().close()
+                if self.cancel:
+                    self.parent.cancel("finalizer")
+
+        for kept_count in (0, 8, 62):  # 62: the attaches below cross the 64-children sweep
+            for threshold in range(1, 40):  # the collection lands at a different call each time
+                parent = CancelSource()
+                kept = [CancelSource(parent.token) for _ in range(kept_count)]
+                gc.collect()
+                gc.set_threshold(threshold)
+                Watcher(parent, kept[:], cancel=threshold % 4 == 0)
+                for child in kept[-3:]:
+                    child.close()
+                for _ in range(3):
+                    parent.token.on_cancel(lambda: None).remove()
+                    CancelSource(parent.token)
+                parent.token.wait(0)
+                parent.cancel("main")
+                assert parent.token.reason in ("main", "finalizer")
+                gc.set_threshold(700)
+        print("no deadlock")
+        """,
+        timeout=15,
+    )
+    assert result is not None, "deadlocked"
+    assert result.stdout.strip() == "no deadlock", result.stderr
+
+
 # Process-wide daemon helpers: the shared timer, and the asyncio facade's helper (started when
 # `toolreg.aio` is imported, which another test module may have done).
 PROCESS_WIDE = {"toolreg-timer", "toolreg-aio-helper"}

@@ -12,23 +12,26 @@ Design rules (each one answers a known trap, see PITFALLS.md):
   every parent at once; the link of a child dropped without `close()` is swept when the parent's
   set of children doubles. So a long-lived parent holds no state for children that came and went,
   and correctness never depends on the garbage collector.
-* `token.cancelled` is a plain attribute read. Critical sections allocate no garbage-collected
-  object (a collection there could run a finalizer that needs the same lock) and never call user
-  code; our finalizers (`TimerEntry._died`) never take a lock.
+* `token.cancelled` is a plain attribute read. Critical sections never call user code; our
+  finalizers (`TimerEntry._died`) never take a lock.
+* A token's lock is reentrant, because a *user's* finalizer can run on the thread that holds it
+  and call back into the token (remove a registration, link a child): a cyclic collection runs
+  finalizers on whichever thread triggers it, at an allocation (3.10, 3.11) or, from 3.12 on, at
+  the next call or loop back-edge after one, so no critical section can keep collections out.
+  Each section leaves the token consistent at every call it makes, and takes the thread id and
+  the clock before locking, so such a nested operation always sees (and leaves) a whole state.
 * One shared daemon timer thread serves every deadline in the process (`_timer`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import itertools
 import logging
 import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from typing_extensions import Self
@@ -126,6 +129,7 @@ class _Listener(Registration):
     def remove(self) -> bool:
         token = self._token
         done: threading.Event | None = None
+        me = threading.get_ident()
         while True:
             with token._lock:
                 state = self._state
@@ -135,7 +139,7 @@ class _Listener(Registration):
                     if listeners is not None:
                         del listeners[self._key]
                     break
-                if state != _RUNNING or self._thread == threading.get_ident():
+                if state != _RUNNING or self._thread == me:
                     return False
                 if self._done is None and done is not None:
                     self._done = done
@@ -149,11 +153,12 @@ class _Listener(Registration):
 
     def _run(self) -> None:
         token = self._token
+        me = threading.get_ident()  # before locking: a call in the section could run a finalizer
         with token._lock:
             if self._state != _PENDING:
                 return
             self._state = _RUNNING
-            self._thread = threading.get_ident()
+            self._thread = me
         fn = self._fn
         try:
             if fn is not None:
@@ -205,8 +210,9 @@ class CancelToken:
     )
 
     # Guards every field below except the lock-free reads of _cancelled/_reason/_timed_out (which
-    # are still only written under it), and the state of this token's listeners.
-    _lock: threading.Lock
+    # are still only written under it), and the state of this token's listeners. Reentrant: a
+    # finalizer may run on the holding thread and use the token (see the module docstring).
+    _lock: threading.RLock
     _cancelled: bool
     _reason: object
     _cancelled_at: float  # time.monotonic() when cancelled; unset while live
@@ -310,12 +316,15 @@ class CancelToken:
     def _sweep_children(self) -> None:
         # Children dropped without close() leave dead weak references behind. Sweeping when the
         # set has doubled since the last sweep keeps it within twice its live size, amortized
-        # O(1) per attach, with no finalizer (finalizers run inside critical sections).
-        with _gc_paused(), self._lock:  # the snapshot allocates: no collection in here
+        # O(1) per attach, with no finalizer of our own.
+        with self._lock:
             children = self._children
-            snapshot = tuple(children) if children else ()
+            # copy() allocates the new set before it reads the old one in one C call, so a
+            # finalizer that links a child meanwhile cannot break the copy (an iterator would
+            # raise "set changed size").
+            snapshot = children.copy() if children else set()
         dead = {ref for ref in snapshot if ref() is None}
-        with self._lock:  # set-from-set difference: no iterator, no allocation the GC tracks
+        with self._lock:  # set-from-set difference: no iterator
             children = self._children
             if children is None:
                 return
@@ -324,12 +333,13 @@ class CancelToken:
 
     def _mark(self, reason: object, from_timer: bool, from_parent: bool) -> _Marked | None:
         """Set the cancelled state; return what to notify, or None if it was not live."""
+        now = time.monotonic()  # before locking: no call, so no finalizer, inside the section
         with self._lock:
             if self._cancelled or (self._closed and (from_parent or from_timer)):
                 return None
             self._reason = reason
             self._timed_out = from_timer
-            self._cancelled_at = time.monotonic()
+            self._cancelled_at = now
             self._cancelled = True  # written last: a lock-free reader then also sees the reason
             listeners, self._listeners = self._listeners, None
             children, self._children = self._children, None
@@ -417,7 +427,7 @@ class _NeverToken(CancelToken):
 
 def _new_token(cls: type[CancelToken] = CancelToken) -> CancelToken:
     self = object.__new__(cls)
-    self._lock = threading.Lock()
+    self._lock = threading.RLock()
     self._cancelled = self._timed_out = self._closed = False
     self._reason = self._listeners = self._children = self._links = None
     self._event = self._timer = None
@@ -593,33 +603,6 @@ def timeout_of(token_or_reason: object, code: str | None = None) -> TimeoutReaso
     if isinstance(reason, TimeoutReason) and (code is None or reason.code == code):
         return reason
     return None
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic collection inside: a collection runs finalizers, which might need our lock.
-
-    Nested and concurrent users are counted, so the collector comes back on only when the last
-    one leaves, and only if it was on when the first one came.
-    """
-    global _gc_pauses, _gc_was_enabled
-    with _gc_pause_lock:
-        if _gc_pauses == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pauses += 1
-    try:
-        yield
-    finally:
-        with _gc_pause_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                gc.enable()
-
-
-_gc_pause_lock = threading.Lock()  # guards _gc_pauses and _gc_was_enabled
-_gc_pauses = 0
-_gc_was_enabled = False
 
 
 def _fire(token: CancelToken, reason: TimeoutReason) -> None:
