@@ -259,7 +259,8 @@ class CancelToken:
         if event is None:
             new_event = threading.Event()  # allocated before taking the lock
             with self._lock:
-                if self.cancelled:  # re-read under the lock
+                cancelled: bool = self._cancelled  # re-read under the lock, with no call
+                if cancelled:
                     return True
                 event = self._event
                 if event is None:
