@@ -25,6 +25,7 @@ Design rules (each one answers a known trap, see PITFALLS.md):
 
 from __future__ import annotations
 
+import _thread
 import itertools
 import logging
 import math
@@ -212,7 +213,7 @@ class CancelToken:
     # Guards every field below except the lock-free reads of _cancelled/_reason/_timed_out (which
     # are still only written under it), and the state of this token's listeners. Reentrant: a
     # finalizer may run on the holding thread and use the token (see the module docstring).
-    _lock: threading.RLock
+    _lock: _thread.RLock
     _cancelled: bool
     _reason: object
     _cancelled_at: float  # time.monotonic() when cancelled; unset while live
@@ -428,7 +429,7 @@ class _NeverToken(CancelToken):
 
 def _new_token(cls: type[CancelToken] = CancelToken) -> CancelToken:
     self = object.__new__(cls)
-    self._lock = threading.RLock()
+    self._lock = _thread.RLock()  # threading.RLock() is the same type behind a Python call
     self._cancelled = self._timed_out = self._closed = False
     self._reason = self._listeners = self._children = self._links = None
     self._event = self._timer = None
