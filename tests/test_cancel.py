@@ -1733,10 +1733,17 @@ def test_finalizer_using_a_token_while_its_thread_holds_the_token_lock_does_not_
     # or loop back-edge, so it can land at any call inside a critical section, whatever that
     # section allocates. Its finalizers then use the token whose lock this thread holds: linking
     # a child, registering, waiting, removing, closing and cancelling must all go through.
+    # (`linked` waits on each child once: a token someone waits on is surely linked to its
+    # parent, so the parent's critical sections really run.)
     result = run_python(
         """
         import gc
         from toolreg import CancelSource
+
+        def linked(parent):
+            child = CancelSource(parent.token)
+            child.token.wait(0)
+            return child
 
         class Watcher:
             def __init__(self, parent, kept, cancel):
@@ -1748,7 +1755,7 @@ def test_finalizer_using_a_token_while_its_thread_holds_the_token_lock_does_not_
                 token = self.parent.token
                 self.registration.remove()
                 token.on_cancel(lambda: None).remove()
-                CancelSource(token).close()
+                linked(self.parent).close()
                 token.wait(0)
                 if self.kept:
                     self.kept.pop().close()
@@ -1758,7 +1765,7 @@ def test_finalizer_using_a_token_while_its_thread_holds_the_token_lock_does_not_
         for kept_count in (0, 8, 62):  # 62: the attaches below cross the 64-children sweep
             for threshold in range(1, 40):  # the collection lands at a different call each time
                 parent = CancelSource()
-                kept = [CancelSource(parent.token) for _ in range(kept_count)]
+                kept = [linked(parent) for _ in range(kept_count)]
                 gc.collect()
                 gc.set_threshold(threshold)
                 Watcher(parent, kept[:], cancel=threshold % 4 == 0)
@@ -1766,7 +1773,7 @@ def test_finalizer_using_a_token_while_its_thread_holds_the_token_lock_does_not_
                     child.close()
                 for _ in range(3):
                     parent.token.on_cancel(lambda: None).remove()
-                    CancelSource(parent.token)
+                    linked(parent)
                 parent.token.wait(0)
                 parent.cancel("main")
                 assert parent.token.reason in ("main", "finalizer")
