@@ -19,9 +19,14 @@ Design rules (each one answers a known trap, see docs/contract.md):
   every parent at once; the link of a child dropped without `close()` is swept when the parent's
   set of children doubles. So a long-lived parent holds no state for children that came and went,
   and correctness never depends on the garbage collector.
-* `token.cancelled` is a plain attribute read. Critical sections allocate no garbage-collected
-  object (a collection there could run a finalizer that needs the same lock) and never call user
+* `token.cancelled` is a plain attribute read (once eager). Critical sections never call user
   code; our finalizers (`TimerEntry._died`) never take a lock.
+* A token's lock is reentrant, because a *user's* finalizer can run on the thread that holds it
+  and call back into the token (remove a registration, link a child): a cyclic collection runs
+  finalizers on whichever thread triggers it, at an allocation (3.10, 3.11) or, from 3.12 on, at
+  the next call or loop back-edge after one, so no critical section can keep collections out.
+  Each section leaves the token consistent at every call it makes, and takes the thread id and
+  the clock before locking, so such a nested operation always sees (and leaves) a whole state.
 * One shared daemon timer thread serves every deadline in the process (`_timer`). It fires a
   deadline by marking its subtree cancelled (so `.cancelled`, `.reason` and `.wait()` see the
   deadline on time) and hands the callbacks to the `toolreg-callbacks` threads (`_jobs`): a slow
@@ -32,9 +37,9 @@ Design rules (each one answers a known trap, see docs/contract.md):
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import functools
-import gc
 import itertools
 import logging
 import threading
@@ -148,6 +153,7 @@ class _Listener(Registration):
     def remove(self) -> bool:
         token = self._token
         done: threading.Event | None = None
+        me = threading.get_ident()  # before locking: a call in the section could run a finalizer
         while True:
             with token._lock:
                 state = self._state
@@ -157,7 +163,7 @@ class _Listener(Registration):
                     if listeners is not None:
                         del listeners[self._key]
                     break
-                if state != _RUNNING or self._thread == threading.get_ident():
+                if state != _RUNNING or self._thread == me:
                     return False
                 if self._done is None and done is not None:
                     self._done = done
@@ -171,11 +177,12 @@ class _Listener(Registration):
 
     def _run(self) -> None:
         token = self._token
+        me = threading.get_ident()  # before locking: a call in the section could run a finalizer
         with token._lock:
             if self._state != _PENDING:
                 return
             self._state = _RUNNING
-            self._thread = threading.get_ident()
+            self._thread = me
         fn = self._fn
         try:
             if fn is not None:
@@ -234,7 +241,7 @@ class CancelToken:
 
     # Guards every field below except the lock-free reads of _cancelled/_reason/_timed_out (which
     # are still only written under it), and the state of this token's listeners.
-    _lock: threading.Lock
+    _lock: _thread.RLock
     _cancelled: bool
     _reason: object
     _cancelled_at: float  # time.monotonic() when cancelled; unset while live
@@ -296,7 +303,8 @@ class CancelToken:
         if event is None:
             new_event = threading.Event()  # allocated before taking the lock
             with self._lock:
-                if self._cancelled:  # re-read under the lock (eager now: pushes set the event)
+                cancelled: bool = self._cancelled  # re-read under the lock, with no call
+                if cancelled:  # (eager now: a push sets the event)
                     return True
                 event = self._event
                 if event is None:
@@ -399,12 +407,15 @@ class CancelToken:
     def _sweep_children(self) -> None:
         # Children dropped without close() leave dead weak references behind. Sweeping when the
         # set has doubled since the last sweep keeps it within twice its live size, amortized
-        # O(1) per attach, with no finalizer (finalizers run inside critical sections).
-        with _gc_paused(), self._lock:  # the snapshot allocates: no collection in here
+        # O(1) per attach, with no finalizer of our own.
+        with self._lock:
             children = self._children
-            snapshot = tuple(children) if children else ()
+            # copy() allocates the new set before it reads the old one in one C call, so a
+            # finalizer that links a child meanwhile cannot break the copy (an iterator would
+            # raise "set changed size").
+            snapshot = children.copy() if children else set()
         dead = {ref for ref in snapshot if ref() is None}
-        with self._lock:  # set-from-set difference: no iterator, no allocation the GC tracks
+        with self._lock:  # set-from-set difference: no iterator
             children = self._children
             if children is None:
                 return
@@ -542,7 +553,7 @@ class _NeverToken(CancelToken):
 
 def _new_token(cls: type[CancelToken] = CancelToken) -> CancelToken:
     self = object.__new__(cls)
-    self._lock = threading.Lock()
+    self._lock = _thread.RLock()  # threading.RLock() is the same type behind a Python call
     self._cancelled = self._timed_out = self._closed = False
     self._reason = self._listeners = self._children = self._links = None
     self._event = self._timer = None
@@ -891,31 +902,6 @@ def _materialize(token: CancelToken) -> None:
         node._make_eager()
 
 
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic collection inside: a collection runs finalizers, which might need our lock.
-
-    Nested and concurrent users are counted, so the collector comes back on only when the last
-    one leaves, and only if it was on when the first one came.
-    """
-    global _gc_pauses, _gc_was_enabled
-    with _gc_pause_lock:
-        if _gc_pauses == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pauses += 1
-    try:
-        yield
-    finally:
-        with _gc_pause_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                gc.enable()
-
-
-_gc_pause_lock = threading.Lock()  # guards _gc_pauses and _gc_was_enabled
-_gc_pauses = 0
-_gc_was_enabled = False
 
 
 # Runs the callbacks of fired deadlines; its threads start with the timer's, never on it.
