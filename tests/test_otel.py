@@ -7,21 +7,23 @@ exported when it ends: a call's span before `execute` returns, a body's before t
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import tracemalloc
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from _registry_helpers import WAIT, Caller, Gate, open_registry, wait_until
+from _registry_helpers import WAIT, Caller, Gate, holds_nothing, open_registry, wait_until
 
 pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
@@ -43,6 +45,13 @@ from toolreg.aio import AsyncToolRegistry
 Args = Any
 NS = 1e9
 SLACK_NS = 2_000  # float seconds -> ns rounding, both ways
+
+
+class Discard(SpanExporter):
+    """An exporter that drops every span."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
 
 
 class Spans:
@@ -612,6 +621,34 @@ def test_the_registration_is_a_context_manager(spans: Spans) -> None:
             registry.execute("t")
         registry.execute("t")
     assert len(spans.calls()) == 1
+
+
+def test_traced_calls_leave_nothing_on_the_callers_token_and_memory_is_flat() -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(Discard()))
+    session = CancelSource()
+    with open_registry(max_workers=2) as registry:
+        toolreg.otel.instrument(registry, tracer_provider=provider)
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        for _ in range(2_000):
+            registry.execute("t", token=session.token)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            for _ in range(2_000):
+                registry.execute("t", token=session.token)
+            gc.collect()
+            middle = tracemalloc.get_traced_memory()[0]
+            for _ in range(2_000):
+                registry.execute("t", token=session.token)
+            gc.collect()
+            end = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert holds_nothing(session.token)
+    provider.shutdown()
+    # Anything kept per call (a span, a result, a context) would be kilobytes per call.
+    assert end - middle < 64 * 1024, f"grew {end - middle} bytes over 2,000 calls"
 
 
 def test_a_span_the_sampler_drops_is_still_current_in_the_body(spans: Spans) -> None:
