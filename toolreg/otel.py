@@ -31,13 +31,13 @@ What it carries.
   when toolreg saw it: the end of that body run, or the end of the call. The span starts when
   the registry hands the call to its call hooks, microseconds after entry.
 
-How it runs. The span is started in the call hook, on the entering thread; the body scope
-attaches its context on the body's thread and, on the way out, reads the body's token (no
-callback is registered on any token, so lazy tokens stay lazy). Events are added at the end,
-from moments recorded on the way, so nothing but the call's own threads touches the span and an
-exporter sees everything when the span ends, as it would anyway. A span the sampler drops is
-still made current in the body (downstream spans stay consistently unsampled), but nothing is
-recorded on it.
+How it runs. The span is started by the call hook, in the context where the call was entered;
+the body scope attaches the span's context on the body's thread and, on the way out, reads the
+body's token (no callback is registered on any token, so lazy tokens stay lazy). Events are
+added at the end, from moments recorded on the way, so only the thread that ends the call
+touches the span after it started, and an exporter sees everything when the span ends, as it
+would anyway. A span the sampler drops is still made current in the body (downstream spans stay
+consistently unsampled), but nothing is recorded on it.
 
 Calls that never started. A batch call (or an awaited call) that a cancellation left unstarted
 reaches the observers but not the call hooks, so it is traced from its result, by an
@@ -60,6 +60,7 @@ from __future__ import annotations
 import importlib.metadata
 import threading
 import time
+from collections.abc import Callable
 from contextvars import Token
 from typing import TYPE_CHECKING, Any
 
@@ -81,18 +82,20 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
     from ._body import ToolContext
+    from ._tools import Tool
 
 __all__ = ["instrument"]
 
-OPERATION = "execute_tool"
+_OPERATION = "execute_tool"
 _INTERNAL = SpanKind.INTERNAL
 _CANCELLED = "toolreg.cancelled"
 _DEADLINE = "toolreg.deadline"
 _OVERDUE = "toolreg.overdue"
 
-# Guards every _CallSpan's _causes, _call_seen and _last_exit on the cancellation path (bodies
-# of one call may end on several threads at once: a wrapper may proceed() from another thread).
-# Held only by toolreg code, never around user code or anything that can call back into it.
+# Guards every _CallSpan's _causes, _call_seen, _last_exit and _overdue on the cancellation path
+# (bodies of one call may end on several threads at once: a wrapper may proceed() from another
+# thread; the overdue warning comes from a timer's callback thread). Held only around toolreg's
+# own bookkeeping, never around user code or anything that can call back into it.
 _CAUSES_LOCK = threading.Lock()
 
 
@@ -152,7 +155,7 @@ class _Instrumentation(Registration):
 class _Tracing:
     """One instrumentation: its tracer, the call hook, and the observer of unstarted calls."""
 
-    def __init__(self, tracer: Tracer, lookup: Any) -> None:
+    def __init__(self, tracer: Tracer, lookup: Callable[[str], Tool | None]) -> None:
         self.tracer = tracer
         self.lookup = lookup  # registry.get: the tool (for its description), or None
         # id(result) -> result for every result a trace ended, until the observer sees it (the
@@ -192,7 +195,7 @@ class _Tracing:
     def _attributes(self, call: ToolCall) -> dict[str, Any]:
         name = _text(call.name)
         attributes: dict[str, Any] = {
-            "gen_ai.operation.name": OPERATION,
+            "gen_ai.operation.name": _OPERATION,
             "gen_ai.tool.name": name,
             "gen_ai.tool.call.id": _text(call.call_id),
             "gen_ai.tool.type": "function",
@@ -414,7 +417,7 @@ def _moment(event: tuple[int, str, dict[str, Any]]) -> int:
 
 
 def _span_name(call: ToolCall) -> str:
-    return f"{OPERATION} {_text(call.name)}"
+    return f"{_OPERATION} {_text(call.name)}"
 
 
 def _ns(seconds: float) -> int:
