@@ -28,8 +28,9 @@ What it carries.
 * Times: the span ends when the final result was materialized (`result.timeline`: `entered`
   plus `finished`). The first cancellation is stamped with `timeline.cancelled`; a cause the
   timeline does not time (say the caller cancelling after a deadline already fired) is stamped
-  when toolreg saw it: the end of that body run, or the end of the call. The span starts when
-  the registry hands the call to its call hooks, microseconds after entry.
+  when toolreg saw it (the end of that body run, or the end of the call), never before the
+  first. Every event lies within the span. The span starts when the registry hands the call to
+  its call hooks, microseconds after entry.
 
 How it runs. The span is started by the call hook, in the context where the call was entered;
 the body scope attaches the span's context on the body's thread and, on the way out, reads the
@@ -396,24 +397,35 @@ def _finish(
         attributes["error.type"] = code
         span.set_status(Status(StatusCode.ERROR, _text(error.message)))
     span.set_attributes(attributes)
-    events: list[tuple[int, str, dict[str, Any]]] = []
+    # (moment, rank, name, attributes); the rank keeps the first cause first on a tie.
+    events: list[tuple[int, int, str, dict[str, Any]]] = []
     first, exact = timed if timed is not None else (None, None)
     for cause in causes or ():
-        at = exact if cause is first and exact is not None else cause.seen
+        if exact is None:
+            at = cause.seen
+        elif cause is first:
+            at = exact
+        else:
+            # Timeline moments come from the monotonic clock placed on the wall clock at entry,
+            # and `seen` straight from the wall clock; the two frames can differ by the few
+            # microseconds between the registry's two clock reads at entry. Every other cause
+            # came after the first, so it is never stamped before it.
+            at = max(cause.seen, exact)
         details: dict[str, Any] = {"toolreg.reason": _text(cause.reason)}
         if cause.timeout is not None:
             details["toolreg.timeout"] = cause.timeout
-        events.append((at, cause.event, details))
+        rank = 0 if cause is first else 1
+        events.append((min(max(at, started), ended), rank, cause.event, details))
     for at in overdue or ():
-        events.append((at, _OVERDUE, {}))
-    events.sort(key=_moment)
-    for at, name, details in events:
-        span.add_event(name, details, min(max(at, started), ended))
+        events.append((min(max(at, started), ended), 2, _OVERDUE, {}))
+    events.sort(key=_order)
+    for at, _, name, details in events:
+        span.add_event(name, details, at)
     span.end(end_time=ended)
 
 
-def _moment(event: tuple[int, str, dict[str, Any]]) -> int:
-    return event[0]
+def _order(event: tuple[int, int, str, dict[str, Any]]) -> tuple[int, int]:
+    return event[0], event[1]
 
 
 def _span_name(call: ToolCall) -> str:
