@@ -31,7 +31,7 @@ from ._interrupts import main_ident as _main_ident
 from ._interrupts import wait_until
 from ._progress import check_progress
 from ._results import ToolCall, ToolResult
-from ._traces import inside_traces, notify_traces
+from ._traces import notify_traces, run_inside
 
 if TYPE_CHECKING:
     from ._call import CallState
@@ -207,8 +207,7 @@ class ToolContext(Claim):
                 self._watch_overdue()  # pre-aborted: it starts under a cancelled token
             try:
                 if self._traces:
-                    with inside_traces(self._traces, self):
-                        value = self._call_body()
+                    value = run_inside(self._traces, self, self._call_body)
                 elif self._runner is None and not self._is_async:
                     value = self._fn(self.call.arguments, self)  # the common case, directly
                 else:

@@ -169,7 +169,7 @@ class CallState:
         self.token = child_token(caller)
         #: Entry time: `time.monotonic()`, and the wall clock (`time.time()`) read with it.
         self.entered = entered
-        self.wall = time.time()
+        self.wall = time.time() - (time.monotonic() - entered)  # the same moment, on the wall
         #: The stage thread's ident, and whether bodies run on it (`mode.inline`, or it is a
         #: worker already running a body of this registry).
         self.thread = threading.get_ident()

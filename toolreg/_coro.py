@@ -9,6 +9,7 @@ registry classifies it as `ABORTED`.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -127,7 +128,10 @@ def _run_in_fresh_loop(make: Callable[[], Coroutine[Any, Any, Any]], token: Canc
         finally:
             runner.close()
 
-    thread = threading.Thread(target=target, name="toolreg-nested-async")
+    # The caller's context variables go along (a tracing span, a request id), as they would
+    # into a task on the registry's own loop.
+    context = contextvars.copy_context()
+    thread = threading.Thread(target=context.run, args=(target,), name="toolreg-nested-async")
     thread.start()
     thread.join()
     ok, value = result[0]

@@ -200,7 +200,10 @@ class Dispatcher:
         """The result of a batch or awaited call that never started: observed like any other."""
         never = CancelToken.never()
         mode = CallMode.batch_item()
-        state = CallState(call, self._hooks.current, never, mode, time.monotonic(), True, None)
+        hooks = self._hooks.current
+        state = CallState(call, hooks, never, mode, time.monotonic(), True, None)
+        if hooks.call_hooks:  # traced like any call: its entry, then its end
+            state.traces = start_traces(hooks.call_hooks, call, state.token)
         return never_started(state), state.interrupted
 
     def has_own_pool(self) -> bool:

@@ -7,9 +7,8 @@ empty-tuple check per call.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._hooks import CallHook, CallTrace
@@ -18,7 +17,7 @@ if TYPE_CHECKING:
     from ._cancel import CancelToken
     from ._results import ToolCall, ToolResult
 
-__all__ = ["end_traces", "inside_traces", "notify_traces", "start_traces"]
+__all__ = ["end_traces", "notify_traces", "run_inside", "start_traces"]
 
 logger = logging.getLogger("toolreg")
 
@@ -39,32 +38,32 @@ def start_traces(
     return tuple(traces)
 
 
-@contextlib.contextmanager
-def inside_traces(traces: tuple[CallTrace, ...], ctx: Any) -> Iterator[None]:
-    """Around a body, on its thread: each trace's `body(ctx)` context, entered in order."""
-    with contextlib.ExitStack() as stack:
-        for trace in traces:
-            body = getattr(trace, "body", None)
-            if body is None:
-                continue
-            try:
-                stack.enter_context(_guarded(body(ctx), trace))
-            except Exception:
-                logger.exception("toolreg: call trace %r failed to enter a body", trace)
-        yield
+def run_inside(traces: tuple[CallTrace, ...], ctx: Any, body: Callable[[], Any]) -> Any:
+    """`body()` on its thread inside each trace's `body(ctx)` scope, entered in order.
 
-
-@contextlib.contextmanager
-def _guarded(scope: contextlib.AbstractContextManager[Any], trace: object) -> Iterator[None]:
-    # A trace's exit that raises must not replace the body's own outcome.
-    scope.__enter__()
-    try:
-        yield
-    finally:
+    Plain calls rather than `contextlib` machinery: this runs around every traced body. A
+    scope that fails to enter or to leave is logged; the body's own outcome always stands.
+    """
+    entered: list[tuple[Any, CallTrace]] = []
+    for trace in traces:
+        make = getattr(trace, "body", None)
+        if make is None:
+            continue
         try:
-            scope.__exit__(None, None, None)
+            scope = make(ctx)
+            scope.__enter__()
         except Exception:
-            logger.exception("toolreg: call trace %r failed to leave a body", trace)
+            logger.exception("toolreg: call trace %r failed to enter a body", trace)
+            continue
+        entered.append((scope, trace))
+    try:
+        return body()
+    finally:
+        for scope, trace in reversed(entered):
+            try:
+                scope.__exit__(None, None, None)
+            except Exception:
+                logger.exception("toolreg: call trace %r failed to leave a body", trace)
 
 
 def notify_traces(traces: tuple[CallTrace, ...], method: str, *args: Any) -> None:

@@ -370,7 +370,8 @@ class _AwaitedCall(_Job):
             state.cancel(reason)
 
     def _never_started(self) -> ToolResult[Any]:
-        result, _ = self.dispatcher.unstarted(self.call)
+        # In the awaiting task's context, like the call it replaces (call hooks see it there).
+        result, _ = self.context.run(self.dispatcher.unstarted, self.call)
         return result
 
 
