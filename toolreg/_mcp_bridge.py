@@ -17,11 +17,11 @@ How a request ends on the client's side, and the reason the body sees:
 * a disconnect or the connection's end (EOF): the same scope cancel with no notification:
   `RequestCancelled(id, "closed")`; `"shutdown"` when `serve()` is stopping on a signal.
 
-The cancel runs on `OFF_LOOP`, a daemon thread, never on the event loop: cancelling runs every
-callback registered on the call's token, a body's own `on_cancel` callbacks included. The
-handler returns only after the call has settled (body joined, observers notified), and a
-request that ended on the client's side is never answered: the handler re-raises the
-cancellation, even on an in-process dispatcher that would deliver a late return.
+The cancel runs on toolreg's helper threads (`_helper.HELPER`), never on the event loop:
+cancelling runs every callback registered on the call's token, a body's own `on_cancel`
+callbacks included. The handler returns only after the call has settled (body joined, observers
+notified), and a request that ended on the client's side is never answered: the handler re-
+raises the cancellation, even on an in-process dispatcher that would deliver a late return.
 
 `max_concurrent_calls` is an admission limit. A request that ends before its call starts
 (while waiting for admission, or before its handler's first step) runs nothing: its source is
@@ -55,7 +55,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 
 from ._cancel import CancelSource, CancelToken
-from ._mcp_loop import OFF_LOOP, Admission, ProgressPump
+from ._helper import HELPER
+from ._mcp_loop import Admission, ProgressPump
 from ._mcp_results import RequestCancelled, RequestId, answer
 from ._registry import ToolRegistry
 from ._results import ToolCall, ToolResult
@@ -119,7 +120,7 @@ class Bridge:
         self._handlers = 0  # tools/call handlers running (event loop only)
         self._shared = Connection()  # for a server whose lifespan no longer yields ours
         self._idle: asyncio.Future[None] | None = None  # done when _handlers drops to 0
-        OFF_LOOP.start()  # here, not on the loop at the first cancel: Thread.start() can stall
+        HELPER.start()  # here, not on the loop at the first cancel: Thread.start() can stall
 
     async def wait_idle(self) -> None:
         """Wait until no `tools/call` handler of this bridge is running."""
@@ -221,7 +222,7 @@ class Bridge:
                 progress.close()  # before anything else: no progress after the cancel
             reason = await self._reason(request, request_id, running)
             if not running.done():
-                OFF_LOOP.call_soon(functools.partial(source.cancel, reason))
+                HELPER.call_soon(functools.partial(source.cancel, reason))
             await _join(running)
             if not running.cancelled():
                 running.exception()  # retrieved: the request is over, nobody else will read it

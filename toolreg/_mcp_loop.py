@@ -1,8 +1,8 @@
-"""Event-loop plumbing of the MCP bridge: admission slots, the progress pump, the canceller.
+"""Event-loop plumbing of the MCP bridge: admission slots and the progress pump.
 
-The bridge's handlers run on one asyncio event loop; these helpers keep user code off it
-(`OFF_LOOP` runs token cancellations, whose callbacks are user code, on a daemon thread) and
-keep per-request work bounded and ordered (`Admission`, `ProgressPump`).
+The bridge's handlers run on one asyncio event loop; these helpers keep per-request work
+bounded and ordered (`Admission`, `ProgressPump`). Token cancellations, whose callbacks are user
+code, run on toolreg's helper threads (`_helper.HELPER`), never on the loop.
 """
 
 from __future__ import annotations
@@ -10,17 +10,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
-import queue
-import threading
-from collections.abc import Callable
 from typing import Any
 
 from mcp.server.context import ServerRequestContext
 
 from ._progress import ToolProgress
 
-__all__ = ["OFF_LOOP", "Admission", "ProgressPump"]
+__all__ = ["Admission", "ProgressPump"]
 
 logger = logging.getLogger("toolreg")
 
@@ -105,44 +101,3 @@ class ProgressPump:
                 return
 
 
-class _OffLoop:
-    """A daemon thread that runs cancellations handed over from event loops, in order.
-
-    Started by the first `Bridge` (outside any hot path); after `fork()` the child starts a new
-    one on first use. A job that raises is logged and the thread carries on.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards _thread and _pid (start is idempotent)
-        self._jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._pid = 0
-
-    def start(self) -> None:
-        with self._lock:
-            if self._thread is not None and self._pid == os.getpid():
-                return
-            self._jobs = queue.SimpleQueue()
-            thread = threading.Thread(
-                target=self._serve, args=(self._jobs,), name="toolreg-mcp-canceller", daemon=True
-            )
-            thread.start()
-            self._thread, self._pid = thread, os.getpid()
-
-    def call_soon(self, job: Callable[[], object]) -> None:
-        """Run `job()` on the thread; never blocks (but starts the thread after a fork)."""
-        if self._pid != os.getpid():
-            self.start()
-        self._jobs.put(job)
-
-    @staticmethod
-    def _serve(jobs: queue.SimpleQueue[Callable[[], object]]) -> None:
-        while True:
-            job = jobs.get()
-            try:
-                job()
-            except BaseException:  # the thread must survive anything a callback does
-                logger.exception("toolreg: cancelling an MCP call raised")
-
-
-OFF_LOOP = _OffLoop()

@@ -57,6 +57,8 @@ __all__ = ["AsyncToolRegistry"]
 
 logger = logging.getLogger("toolreg")
 
+HELPER.start()  # at import, before any loop runs: no loop ever waits for its threads to start
+
 
 class AsyncToolRegistry:
     """Async access to a `ToolRegistry`: same arguments, same results, same guarantees.
