@@ -42,6 +42,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NoReturn
 
 from typing_extensions import Self
 
@@ -511,6 +512,12 @@ class CancelToken:
             return f"cancelled reason={self._reason!r}"
         return "live"
 
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            "a CancelToken cannot be pickled: it observes a cancellation in this process "
+            "(on a cluster, toolreg.distributed hands the remote body a token of its own)"
+        )
+
     def __repr__(self) -> str:
         return f"<CancelToken {self._state_repr()}>"
 
@@ -690,6 +697,12 @@ class CancelSource:
 
     def __exit__(self, *exc_info: object) -> None:
         self._token._close()
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            "a CancelSource cannot be pickled: it owns a cancellation in this process "
+            "(on a cluster, toolreg.distributed relays the cancellation and its reason)"
+        )
 
     def __repr__(self) -> str:
         token = self._token
