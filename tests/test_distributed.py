@@ -183,9 +183,7 @@ def processes_remote(processes_client: Client) -> Iterator[Remote]:
     setup = Remote(processes_client)
     try:
         yield setup
-        wait_until(
-            lambda: settled(processes_client, setup.backend), "the calls to leave nothing"
-        )
+        wait_until(lambda: settled(processes_client, setup.backend), "the calls to leave nothing")
     finally:
         setup.close()
 
@@ -278,21 +276,21 @@ def test_a_call_cancelled_while_queued_on_a_busy_worker_returns_at_once_and_neve
     release = remote.event("release")
     blockers = []
     for n in range(2):  # both worker threads
-        started = remote.event(f"hold{n}")
-        blockers.append(
-            Caller(lambda s=started: remote.registry.execute("hold", {"started": s, "release": release}))
-        )
-        remote.wait(started)
+        args = {"started": remote.event(f"hold{n}"), "release": release}
+        blockers.append(Caller(lambda args=args: remote.registry.execute("hold", args)))
+        remote.wait(args["started"])
     queued_started = remote.event("queued")
     caller = CancelSource()
     queued = Caller(
         lambda: remote.registry.execute("queued", {"started": queued_started}, token=caller.token)
     )
+
     # The worker holds the task already (Dask sends a little more than it has threads for).
-    wait_until(
-        lambda: any(worker for _, worker in scheduler_tasks(remote.client, "toolreg-queued").values()),
-        "the queued task to reach the worker",
-    )
+    def on_the_worker() -> bool:
+        tasks = scheduler_tasks(remote.client, "toolreg-queued")
+        return any(worker for _, worker in tasks.values())
+
+    wait_until(on_the_worker, "the queued task to reach the worker")
     caller.cancel("not needed")
     result: ToolResult[Any] = queued.join()
     assert result.code == BEFORE and not result.dispatched
@@ -318,7 +316,8 @@ def test_cancel_mid_body_reaches_the_body_with_its_reason_and_the_caller_waits(
     remote.set(release)
     result: ToolResult[Any] = call.join()
     assert result.code == ABORTED and result.dispatched
-    assert result.contexts == ({"cancelled": True, "reason": "user pressed stop", "timeout": False},)
+    saw = {"cancelled": True, "reason": "user pressed stop", "timeout": False}
+    assert result.contexts == (saw,)
 
 
 def test_an_uncooperative_remote_body_is_joined(remote: Remote) -> None:
@@ -478,7 +477,7 @@ def test_a_dask_executor_is_refused_pointing_to_toolreg_distributed(
 
 
 def test_the_backend_refuses_bad_arguments(threads_client: Client) -> None:
-    with pytest.raises(TypeError, match="distributed.Client"):
+    with pytest.raises(TypeError, match=r"distributed\.Client"):
         DaskBackend(object())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="RetryPolicy"):
         DaskBackend(threads_client, retries=2)

@@ -36,6 +36,7 @@ from typing import Any, NoReturn, TypeVar, cast
 
 import cloudpickle
 from distributed import Client
+from distributed.scheduler import KilledWorker
 
 from ._body import NotStarted, ToolContext
 from ._cancel import CancelToken, Registration
@@ -298,6 +299,7 @@ class _Attempt:
         """
         client = self._client
         listener: Registration | None = None
+        following = False
         try:
             with deferred_sigint():
                 self._future = client.submit(
@@ -312,12 +314,20 @@ class _Attempt:
                     **options,
                 )
                 client.loop.add_callback(self._follow)
+                following = True
                 if reason is None:
                     listener = self._token.on_cancel(self.cancel)
         except BaseException as exc:
             if self._future is None:
                 self._not_submitted(ctx, exc)
             _interrupt(ctx, exc)  # the press held back: the call's token is cancelled now
+            # Raised by an application's own handler mid-way: finish what it cut short (the
+            # call's token is cancelled now, so the listener runs at once). Following twice,
+            # or listening twice, is harmless: the first end and the first cancel count.
+            if not following:
+                client.loop.add_callback(self._follow)
+            if reason is None and listener is None:
+                listener = self._token.on_cancel(self.cancel)
         return listener
 
     def _not_submitted(self, ctx: ToolContext, exc: BaseException) -> NoReturn:
@@ -453,7 +463,7 @@ def _deliver(message: Message, ctx: ToolContext) -> Any:
 
 
 def _failure(exc: BaseException, ctx: ToolContext) -> Exception:
-    if type(exc).__name__ == "KilledWorker":
+    if isinstance(exc, KilledWorker):  # Dask gave up after losing workers: never rerun
         return _lost(ctx)
     if isinstance(exc, RemoteToolError):
         return exc
