@@ -41,6 +41,7 @@ from toolreg import (  # noqa: E402
     ErrorCode,
     RetryPolicy,
     TimeoutPolicy,
+    ToolCall,
     ToolContext,
     ToolRegistry,
     ToolResult,
@@ -417,6 +418,32 @@ def test_an_awaited_remote_call_returns_and_its_task_cancel_reaches_the_body(
     result = asyncio.run(scenario())
     assert result.code == ABORTED and result.dispatched  # settled before the task ended
     assert result.contexts[0]["reason"] == "task gone"
+
+
+def test_a_batch_runs_concurrency_safe_remote_bodies_side_by_side(remote: Remote) -> None:
+    remote.tool(bodies.hold, concurrency_safe=True)
+    remote.tool(bodies.add, concurrency_safe=True)
+    release = remote.event("release")
+    holds = [{"started": remote.event(f"hold{n}"), "release": release} for n in range(2)]
+    calls = [ToolCall("hold", args) for args in holds] + [ToolCall("add", {"a": 1, "b": 2})]
+    batch = Caller(lambda: remote.registry.execute_batch(calls, max_parallel=2))
+    for args in holds:
+        remote.wait(args["started"])  # both bodies run at once on the worker's two threads
+    remote.set(release)
+    results: list[ToolResult[Any]] = batch.join()
+    assert [result.value for result in results] == ["released", "released", 3]
+
+
+def test_closing_the_registry_cancels_and_joins_a_remote_call(threads_remote: Remote) -> None:
+    remote = threads_remote
+    remote.tool(bodies.wait_for_cancel)
+    started = remote.event("started")
+    call = Caller(lambda: remote.registry.execute("wait_for_cancel", {"started": started}))
+    remote.wait(started)
+    remote.registry.close()
+    result: ToolResult[Any] = call.join()
+    assert result.code == ABORTED and result.dispatched
+    assert result.contexts[0]["reason"] == "registry closed"
 
 
 # -- worker loss ----------------------------------------------------------------------------------
