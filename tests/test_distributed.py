@@ -46,6 +46,7 @@ from toolreg import (  # noqa: E402
     ToolRegistry,
     ToolResult,
 )
+from toolreg._cancel import manual_clock  # noqa: E402
 from toolreg.aio import AsyncToolRegistry  # noqa: E402
 from toolreg.distributed import (  # noqa: E402
     DaskBackend,
@@ -339,11 +340,16 @@ def test_a_timeout_policy_deadline_reaches_the_remote_body_as_tool_timeout(
     remote: Remote,
 ) -> None:
     remote.registry.add_around(TimeoutPolicy())
-    remote.tool(bodies.wait_for_cancel, timeout=0.2)
-    result = remote.registry.execute("wait_for_cancel", {"started": remote.event("started")})
+    remote.tool(bodies.wait_for_cancel, timeout=5.0)
+    started = remote.event("started")
+    with manual_clock() as clock:  # the deadline fires when the test says, once the body runs
+        call = Caller(lambda: remote.registry.execute("wait_for_cancel", {"started": started}))
+        remote.wait(started)
+        clock.advance(5.0)
+        result: ToolResult[Any] = call.join()
     assert result.code == ErrorCode.TOOL_TIMEOUT and result.dispatched
     assert result.contexts == (
-        {"cancelled": True, "reason": "TOOL_TIMEOUT: timed out after 0.2s", "timeout": True},
+        {"cancelled": True, "reason": "TOOL_TIMEOUT: timed out after 5s", "timeout": True},
     )
 
 
