@@ -11,6 +11,7 @@ record (checked by the `remote` fixture).
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import subprocess
 import sys
@@ -529,13 +530,20 @@ async def _async_body(args: Any, ctx: Any) -> None:
     return None
 
 
-def test_a_closed_backend_fails_new_calls(threads_client: Client) -> None:
-    backend = DaskBackend(threads_client)
-    with ToolRegistry(max_workers=1) as registry:
-        registry.tool(name="add")(backend.remote(bodies.add))
-        backend.close()
-        result = registry.execute("add", {"a": 1, "b": 2})
-    assert result.code == ErrorCode.TOOL_ERROR and "closed" in result.content
+def test_closing_the_backend_lets_calls_in_flight_finish_and_fails_new_ones(
+    threads_remote: Remote, caplog: pytest.LogCaptureFixture
+) -> None:
+    remote = threads_remote
+    remote.tool(bodies.hold)
+    args = {"started": remote.event("started"), "release": remote.event("release")}
+    call = Caller(lambda: remote.registry.execute("hold", args))
+    remote.wait(args["started"])
+    remote.backend.close()
+    remote.set(args["release"])
+    assert call.join().value == "released"
+    later = remote.registry.execute("hold", args)
+    assert later.code == ErrorCode.TOOL_ERROR and "closed" in later.content
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_the_remote_function_runs_the_body_when_called_directly(threads_client: Client) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -90,11 +91,13 @@ class DaskBackend:
         self._options = dict(submit_kwargs)
         self._topic = f"toolreg-progress-{uuid.uuid4().hex}"
         # The attempts in flight, by key, for progress routing. Single dict operations are
-        # atomic: the stage threads insert and pop, the client's event loop reads.
+        # atomic: the stage threads insert (under _lock) and pop, the client's loop reads.
         self._attempts: dict[str, Attempt] = {}
+        self._lock = threading.Lock()  # guards _closed, _subscribed and adding to _attempts
         self._closed = False
         self._client.register_plugin(ClaimBoard(), name=BOARD_NAME)  # idempotent
         self._client.subscribe_topic(self._topic, self._on_progress)
+        self._subscribed = True
 
     @property
     def client(self) -> Client:
@@ -137,13 +140,20 @@ class DaskBackend:
         return state
 
     def close(self) -> None:
-        """Stop relaying progress; later remote calls fail. Leaves the client open. Idempotent.
+        """Refuse new remote calls (`TOOL_ERROR`); leave the client open. Idempotent.
 
-        Calls in flight are still joined (their progress is no longer relayed).
+        Calls in flight go on as before (progress included); the backend's subscription for
+        progress ends with the last of them.
         """
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            self._closed = True
+        self._unsubscribe_when_idle()
+
+    def _unsubscribe_when_idle(self) -> None:
+        with self._lock:
+            if not self._closed or not self._subscribed or self._attempts:
+                return
+            self._subscribed = False
         try:
             self._client.unsubscribe_topic(self._topic)
         except Exception:  # the client is closed already: nothing is subscribed any more
@@ -162,8 +172,6 @@ class DaskBackend:
     # -- one attempt -------------------------------------------------------------------------
 
     def _run(self, runner: RemoteRunner, ctx: ToolContext) -> Any:
-        if self._closed:
-            raise RemoteToolError("this DaskBackend is closed: create a new one")
         token = ctx.token
         reason: bytes | None = None
         if token.cancelled:
@@ -173,13 +181,17 @@ class DaskBackend:
         body = runner.pickled()
         key = f"{KEY_PREFIX}{ctx.call.name}-{uuid.uuid4().hex}"
         attempt = Attempt(self._client, key, token)
-        self._attempts[key] = attempt
+        with self._lock:
+            if self._closed:
+                raise RemoteToolError("this DaskBackend is closed: create a new one")
+            self._attempts[key] = attempt
         try:
             listener = attempt.start(ctx, self._options, body, self._topic, reason)
             outcome = attempt.join(ctx, listener)
         finally:
             self._attempts.pop(key, None)
             attempt.settle()
+            self._unsubscribe_when_idle()  # if closed meanwhile and this was the last call
         return deliver(outcome, ctx)
 
     def _on_progress(self, event: Any) -> None:
