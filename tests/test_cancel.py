@@ -16,6 +16,7 @@ import gc
 import logging
 import math
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -1863,3 +1864,15 @@ def test_no_thread_but_the_shared_timer_outlives_the_tests_above() -> None:
     ]
     assert strays == []
     assert [t.name for t in threading.enumerate()].count("toolreg-timer") == 1
+
+
+def test_tokens_and_sources_refuse_to_pickle_naming_what_they_are() -> None:
+    # docs/contract.md 14.8: a cancellation belongs to its process; a cluster relays it instead.
+    source = CancelSource()
+    for thing, name in ((source.token, "CancelToken"), (CancelToken.never(), "CancelToken")):
+        with pytest.raises(TypeError, match=f"a {name} cannot be pickled"):
+            pickle.dumps(thing)
+    with pytest.raises(TypeError, match="a CancelSource cannot be pickled"):
+        pickle.dumps(source)
+    with pytest.raises(TypeError, match="a CancelSource cannot be pickled"):
+        pickle.dumps(deadline(None, 60.0))

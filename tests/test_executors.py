@@ -78,6 +78,18 @@ def test_process_pool_and_other_non_thread_executors_are_rejected_with_type_erro
         ToolRegistry(executor=InlineExecutor())
 
 
+class ClientExecutor(InlineExecutor):
+    """Stands for `distributed.Client.get_executor()` (the check reads the type's module)."""
+
+    __module__ = "distributed.cfexecutor"
+
+
+def test_a_dask_client_executor_is_rejected_pointing_to_toolreg_distributed() -> None:
+    # docs/contract.md 14.8: it reports a running body as cancelled and abandons it.
+    with pytest.raises(TypeError, match=r"toolreg\.distributed\.DaskBackend"):
+        ToolRegistry(executor=ClientExecutor())
+
+
 class RecordingPool(ThreadPoolExecutor):
     """Hands the registry futures that record `cancel()` and report 'done' at once."""
 

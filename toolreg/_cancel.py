@@ -47,7 +47,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -524,6 +524,12 @@ class CancelToken:
             return f"cancelled reason={self._reason!r}"
         return "live"
 
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            "a CancelToken cannot be pickled: it observes a cancellation in this process "
+            "(on a cluster, toolreg.distributed hands the remote body a token of its own)"
+        )
+
     def __repr__(self) -> str:
         return f"<CancelToken {self._state_repr()}>"
 
@@ -703,6 +709,12 @@ class CancelSource:
 
     def __exit__(self, *exc_info: object) -> None:
         self._token._close()
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError(
+            "a CancelSource cannot be pickled: it owns a cancellation in this process "
+            "(on a cluster, toolreg.distributed relays the cancellation and its reason)"
+        )
 
     def __repr__(self) -> str:
         token = self._token

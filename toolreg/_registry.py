@@ -438,6 +438,14 @@ def _check_callable(fn: object, what: str) -> None:
 def _check_executor(executor: object) -> None:
     if isinstance(executor, (WorkerPool, ThreadPoolExecutor)):
         return
+    if type(executor).__module__.partition(".")[0] == "distributed":
+        # Read from the type, so that checking never imports distributed.
+        raise TypeError(
+            f"executor cannot be a Dask {type(executor).__name__} (client.get_executor()): it "
+            "reports a running body as cancelled and abandons it, and tokens and contexts "
+            "cannot cross processes; run tool bodies on a cluster with "
+            "toolreg.distributed.DaskBackend(client) and @backend.remote instead"
+        )
     raise TypeError(
         f"executor must be a WorkerPool or a ThreadPoolExecutor (tool bodies share tokens and "
         f"contexts with this process), got {type(executor).__name__}"

@@ -1,0 +1,277 @@
+"""One remote attempt on the caller's side: submit, listen, join, release (`Attempt`).
+
+The registry calls a remote body's runner on the stage thread (see `_body.Runner`); each run is
+one attempt, a Dask task with a key of its own:
+
+1. Submit `_dask_worker.run_remote` under a fresh key, follow the future on the client's event
+   loop, and listen on the body's token. On the main thread a Ctrl-C is held back for those
+   few lines (`deferred_sigint`), so it lands once the task exists and is followed.
+2. The token's cancellation sends `toolreg_cancel` to the board, from the client's event loop
+   (the cancelling thread only schedules it). The board's answer `refused` means the body never
+   started and never will: the join ends at once, even while every worker thread is busy, and
+   the registry reports `ABORTED_BEFORE_DISPATCH`. Otherwise the worker's watcher cancels the
+   body's own token, with the reason.
+3. Join: the stage thread waits for the attempt's messages (progress, then its end), on the
+   main thread in slices so a Ctrl-C is noticed; an exception landing there goes to
+   `ctx._interrupt` (which cancels the call) and the join goes on until the body settled.
+4. Release the Dask future only once no cancel is on its way to the board: the board deletes
+   the record when the scheduler forgets the task, and a cancel arriving after that would leave
+   a refusal behind for a task that is gone.
+
+The loop-side state of an attempt (`_decided`, `_cancelling`, `_settled`) is only touched on
+the client's event loop, so it needs no lock; the stage thread and the loop talk through the
+attempt's `SimpleQueue` and `loop.add_callback`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Mapping
+from typing import Any, NoReturn, cast
+
+from distributed import Client
+from distributed.scheduler import KilledWorker
+
+from ._body import NotStarted, ToolContext
+from ._cancel import CancelToken, Registration
+from ._dask_board import REFUSED
+from ._dask_outcome import (
+    ERROR,
+    LOST,
+    VALUE,
+    Outcome,
+    RemoteToolError,
+    RemoteWorkerLost,
+    dump_reason,
+    load_contexts,
+    load_error,
+    load_value,
+)
+from ._dask_worker import run_remote
+from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, deferred_sigint
+
+__all__ = ["Attempt", "deliver"]
+
+logger = logging.getLogger("toolreg")
+
+_CHECK_SECONDS = 1.0  # how often a joiner off the main thread checks that the client lives
+
+Message = tuple[Any, ...]  # ("progress", p, total, msg) | ("outcome", Outcome) | ("refused",)
+# | ("failed", exception)
+
+
+class Attempt:
+    """One Dask task of a remote body: its submission, cancellation, join and release."""
+
+    def __init__(self, client: Client, key: str, token: CancelToken) -> None:
+        self._client: Any = cast(Any, client)  # distributed is only partly typed
+        self._key = key
+        self._token = token
+        self._inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._future: Any = None  # the attempt's distributed.Future, until released
+        # Touched on the client's event loop only:
+        self._decided = False  # the end of the attempt was posted
+        self._cancelling = False  # a cancel is on its way to the board
+        self._settled = False  # the joiner is done with the attempt
+        self._cancel_task: asyncio.Future[None] | None = None
+
+    # -- the stage thread --------------------------------------------------------------------
+
+    def start(
+        self,
+        ctx: ToolContext,
+        options: Mapping[str, Any],
+        body: bytes,
+        topic: str,
+        reason: bytes | None,
+    ) -> Registration | None:
+        """Hand the attempt to Dask, follow it, and listen on the body's token (unless
+        pre-aborted); the listener to remove after the join. Raises only if nothing reached
+        Dask: `RemoteToolError`, or `NotStarted` after an interrupt.
+
+        On the main thread a Ctrl-C is held back until all three are done (then it cancels the
+        call like any interrupt), so no press can leave a task that nobody follows.
+        """
+        client = self._client
+        listener: Registration | None = None
+        following = False
+        try:
+            with deferred_sigint():
+                self._future = client.submit(
+                    run_remote,
+                    body,
+                    ctx.call,
+                    self._key,
+                    topic,
+                    reason,
+                    key=self._key,
+                    pure=False,
+                    **options,
+                )
+                client.loop.add_callback(self._follow)
+                following = True
+                if reason is None:
+                    listener = self._token.on_cancel(self.cancel)
+        except BaseException as exc:
+            if self._future is None:
+                self._not_submitted(ctx, exc)
+            _interrupt(ctx, exc)  # the press held back: the call's token is cancelled now
+            # Raised by an application's own handler mid-way: finish what it cut short (the
+            # call's token is cancelled now, so the listener runs at once). Following twice,
+            # or listening twice, is harmless: the first end and the first cancel count.
+            if not following:
+                client.loop.add_callback(self._follow)
+            if reason is None and listener is None:
+                listener = self._token.on_cancel(self.cancel)
+        return listener
+
+    def _not_submitted(self, ctx: ToolContext, exc: BaseException) -> NoReturn:
+        if isinstance(exc, INTERRUPTS):
+            # Raised by an application's own signal handler inside submit: whether the task
+            # reached Dask is unknown, so make sure its claim is refused if it did.
+            _interrupt(ctx, exc)
+            self._client.loop.add_callback(self._cancel_now, dump_reason(type(exc).__name__))
+            raise NotStarted from exc
+        raise RemoteToolError(f"could not submit the remote body to Dask: {exc!r}") from exc
+
+    def join(self, ctx: ToolContext, listener: Registration | None) -> Message:
+        """Wait for the attempt's end, relaying progress; interrupts cancel, never cut it short."""
+        try:
+            return self._wait(ctx)
+        finally:
+            if listener is not None:
+                listener.remove()  # waits for a callback running now: it scheduled its cancel
+
+    def _wait(self, ctx: ToolContext) -> Message:
+        main = threading.current_thread() is threading.main_thread()
+        slice_ = MAIN_THREAD_SLICE if main else _CHECK_SECONDS
+        inbox = self._inbox
+        while True:
+            try:
+                message = inbox.get(timeout=slice_)
+            except queue.Empty:
+                if self._client.status in ("closing", "closed"):
+                    return ("failed", RemoteToolError("the Dask client was closed during the call"))
+                continue
+            except BaseException as exc:  # asynchronous: nothing else runs on this line
+                _interrupt(ctx, exc)
+                continue
+            if message[0] != "progress":
+                return message
+            try:
+                ctx.report_progress(*message[1:])
+            except INTERRUPTS as exc:  # raised by the progress callback (on this thread)
+                _interrupt(ctx, exc)
+            except Exception:
+                logger.exception("toolreg: relaying the progress of %s failed", self._key)
+
+    def cancel(self) -> None:
+        """The body's token was cancelled (any thread): tell the board, from the client's loop."""
+        self._client.loop.add_callback(self._cancel_now, dump_reason(self._token.reason))
+
+    def settle(self) -> None:
+        """The joiner is done: release the future once no cancel is on its way."""
+        self._client.loop.add_callback(self._settle_now)
+
+    def post(self, message: Message) -> None:
+        self._inbox.put(message)
+
+    # -- the client's event loop -------------------------------------------------------------
+
+    async def _follow(self) -> None:
+        future = self._future
+        try:
+            outcome = await self._client.gather(future, asynchronous=True)
+        except BaseException as exc:  # erred or cancelled: KilledWorker, a lost scheduler, ...
+            self._decide(("failed", exc))
+        else:
+            self._decide(("outcome", outcome))
+
+    def _decide(self, message: Message) -> None:
+        if not self._decided:
+            self._decided = True
+            self._inbox.put(message)
+
+    def _cancel_now(self, reason: bytes) -> None:
+        if self._settled:
+            return
+        self._cancelling = True
+        # Kept: the loop holds tasks only weakly.
+        self._cancel_task = asyncio.ensure_future(self._send_cancel(reason))
+
+    async def _send_cancel(self, reason: bytes) -> None:
+        phase = None
+        try:
+            phase = await self._client.scheduler.toolreg_cancel(
+                key=self._key, reason=reason, client=self._client.id
+            )
+        except Exception:  # the scheduler is unreachable: the join learns the rest from Dask
+            logger.warning("toolreg: could not cancel %s", self._key, exc_info=True)
+        finally:
+            self._cancelling = False
+        if phase == REFUSED:
+            self._decide(("refused",))
+        if self._settled:
+            self._release()
+
+    def _settle_now(self) -> None:
+        self._settled = True
+        if not self._cancelling:
+            self._release()
+
+    def _release(self) -> None:
+        future, self._future = self._future, None
+        if future is not None:
+            future.release()
+
+
+def _interrupt(ctx: ToolContext, exc: BaseException) -> None:
+    """An exception landed in the join: cancel the call (re-raised once it is complete)."""
+    interrupt = ctx._interrupt
+    if interrupt is None:  # pragma: no cover - a runner always has one while it runs
+        raise exc
+    interrupt(exc)
+
+
+def deliver(message: Message, ctx: ToolContext) -> Any:
+    """The attempt's end as the runner's return value or exception."""
+    kind = message[0]
+    if kind == "refused":
+        raise NotStarted
+    if kind == "failed":
+        raise _failure(message[1], ctx)
+    outcome: Outcome = message[1]
+    if outcome.kind == VALUE or outcome.kind == ERROR:
+        for item in load_contexts(outcome):
+            ctx.defer_context(item)
+        if outcome.kind == ERROR:
+            raise load_error(outcome)
+        return load_value(outcome)
+    if outcome.kind == LOST:
+        raise _lost(ctx)
+    if ctx.token.cancelled:  # REFUSED: the caller's cancel reached the board first
+        raise NotStarted
+    raise RemoteToolError(
+        "the scheduler's claim board did not know the call, so it never started (was the "
+        "scheduler restarted?)"
+    )
+
+
+def _failure(exc: BaseException, ctx: ToolContext) -> Exception:
+    if isinstance(exc, KilledWorker):  # Dask gave up after losing workers: never rerun
+        return _lost(ctx)
+    if isinstance(exc, RemoteToolError):
+        return exc
+    error = RemoteToolError(f"the Dask task of the call failed: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def _lost(ctx: ToolContext) -> RemoteWorkerLost:
+    return RemoteWorkerLost(
+        f"remote worker lost while running {ctx.call.name!r} (call {ctx.call.call_id}); "
+        "its outcome is unknown, and it is not run again"
+    )
