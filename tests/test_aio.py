@@ -1072,8 +1072,8 @@ def test_awaited_batches_with_one_worker_do_not_deadlock() -> None:
 def test_awaited_calls_start_no_thread_on_the_event_loop_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """API 8: "It never blocks the event loop" (PITFALLS: Thread.start() on the loop thread
-    blocks until the new thread runs). Measured: each submit that starts a worker takes
+    """docs/contract.md 8.1: "It never blocks the event loop" (A.5: Thread.start() on the loop
+    thread blocks until the new thread runs). Measured: each submit that starts a worker takes
     0.15-6 ms on the loop; 50 calls on a cold pool with two busy CPUs gave a 41 ms loop stall."""
     started_from: list[tuple[str, str]] = []
     original = threading.Thread.start
@@ -1101,8 +1101,8 @@ def test_awaited_calls_start_no_thread_on_the_event_loop_thread(
 
 
 def test_cancelling_the_task_runs_no_token_callback_on_the_event_loop() -> None:
-    """API 8: "It never blocks the event loop"; a body's `ctx.token.on_cancel` callback that
-    blocks 200 ms (say, a remote stop request) stalled the loop 203 ms."""
+    """docs/contract.md 8.1: "It never blocks the event loop"; a body's `ctx.token.on_cancel`
+    callback that blocks 200 ms (say, a remote stop request) stalled the loop 203 ms."""
     started, callback_ran = threading.Event(), threading.Event()
     callback_threads: list[str] = []
     with open_registry(max_workers=2) as registry:
@@ -1132,8 +1132,9 @@ def test_cancelling_the_task_runs_no_token_callback_on_the_event_loop() -> None:
 
 
 def test_close_settles_an_awaited_call_that_is_still_queued() -> None:
-    """API 3: "Entry is the moment the caller calls ... areg.execute"; API 4: "close() cancels
-    every in-flight call, waits for all of them"; API 3: "execute ... raises only for misuse"."""
+    """docs/contract.md: "Entry is the moment the caller calls ... areg.execute"; 4.10:
+    "close() cancels every call in flight, waits for all of them"; 3.4: "execute ... raises only
+    for misuse"."""
     started = threading.Event()
     observed: list[tuple[str, ErrorCode | None]] = []
     registry = ToolRegistry(max_workers=1)
@@ -1166,9 +1167,10 @@ def test_close_settles_an_awaited_call_that_is_still_queued() -> None:
 
 
 def test_cancelling_a_queued_call_does_not_wait_for_a_busy_worker() -> None:
-    """API 8: cancelling "waits until the call has settled": a queued call has nothing to
-    settle, yet `asyncio.timeout(0.05)` around it fired only when the 0.5 s blocker ahead of it
-    returned (the sync API with a 0.05 s deadline returns ABORTED_BEFORE_DISPATCH in 0.05 s)."""
+    """docs/contract.md 8.2: cancelling "waits until the call has settled": a queued call has
+    nothing to settle, yet `asyncio.timeout(0.05)` around it fired only when the 0.5 s blocker
+    ahead of it returned (the sync API with a 0.05 s deadline returns ABORTED_BEFORE_DISPATCH in
+    0.05 s)."""
     started, release = threading.Event(), threading.Event()
     with open_registry(max_workers=1) as registry:
 
@@ -1200,8 +1202,8 @@ def test_cancelling_a_queued_call_does_not_wait_for_a_busy_worker() -> None:
 
 
 def test_pre_aborted_async_body_can_await_its_cleanup() -> None:
-    """API 4: pre-aborted entry "reaches the body, which sees a cancelled token and may clean up
-    or translate the cancellation; the body's own outcome is what the caller gets"."""
+    """docs/contract.md 4.6: pre-aborted entry "reaches the body, which sees a cancelled token and
+    may clean up or translate the cancellation; the body's own outcome is what the caller gets"."""
     with open_registry(max_workers=1) as registry:
 
         @registry.tool
@@ -1282,9 +1284,9 @@ def test_sync_body_entry_points_do_not_deadlock(entry: str) -> None:
 
 @pytest.mark.parametrize("entry", ["close", "execute_batch", "awaited execute"])
 def test_async_body_entry_points_do_not_deadlock(entry: str) -> None:
-    """API 4: "close() from inside one of the registry's own calls raises RuntimeError instead
-    of waiting for itself"; API 7: "no design may make a call wait for a worker that another
-    waiting call holds"; API 8: "never deadlocks when more calls are in flight than the
+    """docs/contract.md 4.10: "close() from inside one of the registry's own calls raises
+    InsideCallError instead of waiting for itself"; 7.5: "no call ever waits for a worker that
+    another waiting call holds"; 8.1: "never deadlocks when more calls are in flight than the
     executor has workers". `max_workers=1` and an `async def` body that calls each entry point;
     the same sync body passes (test_sync_body_entry_points_do_not_deadlock)."""
     printed = _run_outer("async ", entry)

@@ -1,4 +1,5 @@
-"""Tests for `ToolRegistry.execute_batch` (API.md section 7): scheduling and turn cancellation.
+"""Tests for `ToolRegistry.execute_batch` (docs/contract.md section 7): scheduling and turn
+cancellation.
 
 Every batch here records what its calls went through: a pre-execute hook journals ``("start", i)``
 and an observer ``("end", i)`` (the observer is a call's last stage), so a call's lifetime is an
@@ -11,7 +12,7 @@ implementation always passes, never used to order anything.
 
 Ctrl-C is delivered for real (`signal.pthread_kill` on the main thread) once the caller is parked
 in toolreg's join, and also injected at every line of the scheduler with a trace function (a
-signal can land on any bytecode: see PITFALLS.md).
+signal can land on any bytecode: see docs/contract.md A.2).
 """
 
 from __future__ import annotations

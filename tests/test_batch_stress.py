@@ -5,7 +5,7 @@ Each round builds a fresh registry (random pool size) and a batch of 1,000 calls
 True, 1, "yes" or raises; their bodies return at once, wait cooperatively on `ctx.token`, ignore
 it for a moment, or raise. A canceller thread cancels the turn once a random number of results
 has been observed (a handshake on an Event, never a sleep); one round runs to completion and one
-starts pre-cancelled. After each round the invariants of API.md section 7 are checked: one
+starts pre-cancelled. After each round the invariants of docs/contract.md section 7 are checked: one
 result per call in input order, each the object the observer saw exactly once; every body that
 started had finished when `execute_batch` returned and none started afterwards; no body of a
 call reported `ABORTED_BEFORE_DISPATCH`; a call no hook saw is `ABORTED_BEFORE_DISPATCH`; a call

@@ -1,4 +1,4 @@
-"""API.md section 4, the cancellation contract, sentence by sentence.
+"""docs/contract.md section 4, the cancellation contract, sentence by sentence.
 
 Each group of tests quotes the sentence it pins. Every race is decided deterministically: a
 thread is held on an `Event` (a `Gate`) exactly at the window under test, the other side acts,

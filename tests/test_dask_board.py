@@ -1,7 +1,7 @@
 """The claim board (`toolreg._dask_board`), handler by handler, without a cluster.
 
 On the scheduler every handler runs on the one event loop, so calling them one after the other
-here is exactly the interleaving a scheduler produces (docs/contract.md A.7).
+here is exactly the interleaving a scheduler produces (docs/contract.md A.11).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`close()`: it cancels every call in flight, waits for them, refuses new calls, is idempotent.
 
 docs/contract.md 4.10: the caller's token is never touched, and a `close()` interrupted by
-Ctrl-C can be finished by calling it again.
+Ctrl-C keeps waiting for the calls it cancelled, then re-raises.
 """
 
 from __future__ import annotations
