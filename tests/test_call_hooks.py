@@ -162,3 +162,53 @@ def test_removing_the_hook_stops_the_traces() -> None:
         registration.remove()
         registry.execute("t")
     assert [entry[0] for entry in recorder.journal.entries].count("start") == 1
+
+
+def test_a_call_hook_raising_an_interrupt_leaves_nothing_in_flight() -> None:
+    def interrupting(call: ToolCall, token: CancelToken) -> None:
+        raise KeyboardInterrupt
+
+    with open_registry() as registry:
+        registry.add_call_hook(interrupting)  # type: ignore[arg-type]
+        ran: list[str] = []
+        registry.tool(name="t")(lambda args, ctx: ran.append("body"))
+        registry.on_result(lambda result: ran.append(str(result.code)))
+        with pytest.raises(KeyboardInterrupt):
+            registry.execute("t")
+        assert registry.in_flight() == [] and registry.wait_idle(0)
+    assert ran[-1] in ("ABORTED", "ABORTED_BEFORE_DISPATCH", "None")  # observed once
+
+
+def test_a_trace_end_raising_an_interrupt_still_lets_the_observers_see_the_result() -> None:
+    class Ends:
+        def end(self, result: ToolResult[Any]) -> None:
+            raise SystemExit
+
+    observed: list[ToolResult[Any]] = []
+    with open_registry() as registry:
+        registry.add_call_hook(lambda call, token: Ends())
+        registry.on_result(observed.append)
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        with pytest.raises(SystemExit):
+            registry.execute("t")
+    assert len(observed) == 1 and observed[0].ok
+
+
+def test_an_inline_body_cancelled_through_its_caller_is_watched_for_overdue(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    recorder = Recorder()
+    gate = Gate()
+    turn = CancelSource()
+    with open_registry(overdue_after=0.01) as registry:
+        registry.add_call_hook(recorder)
+        registry.tool(name="stubborn", concurrency_safe=True)(lambda args, ctx: gate.hold())
+        batch = Caller(lambda: registry.execute_batch([ToolCall("stubborn")], token=turn.token))
+        gate.wait_reached()
+        turn.cancel("stop")
+        try:
+            wait_until(lambda: ("overdue", "stubborn") in recorder.journal.entries, "overdue")
+        finally:
+            gate.release()
+        batch.join()
+    assert "has not settled" in caplog.text

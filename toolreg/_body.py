@@ -326,7 +326,17 @@ def run_body(
     cancels the call, the body is claimed back if it has not started, and the join goes on.
     """
     if submit is None:
-        ctx._run()
+        # Inline (a nested, batch or awaited call's body, on the stage thread): nothing to join,
+        # but a cancellation by the caller still starts the overdue watch.
+        watch: Registration | None = None
+        caller = state.caller
+        if state.live and caller is not _NEVER and ctx._host.overdue_after is not None:
+            watch = caller.on_cancel(ctx._watch_overdue)
+        try:
+            ctx._run()
+        finally:
+            if watch is not None:
+                watch.remove()
         return None
     listener: Registration | None = None
     try:

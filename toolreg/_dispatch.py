@@ -43,7 +43,7 @@ from ._cancel import CancelToken
 from ._catalog import CatalogEntry
 from ._coro import CoroutineRunner
 from ._errors import ExecutorRefusedError, InsideCallError, RegistryClosedError
-from ._interrupts import MAIN_THREAD_SLICE, wait_until
+from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, wait_until
 from ._pipeline import execute as execute_call
 from ._pipeline import never_started
 from ._pool import WorkerPool
@@ -154,9 +154,12 @@ class Dispatcher:
         calls[key] = state
         if self._closing:  # close() may have listed the table before this call
             state.cancel("registry closed")
-        if hooks.call_hooks:
-            state.traces = start_traces(hooks.call_hooks, call, state.token)
         try:
+            if hooks.call_hooks:
+                try:
+                    state.traces = start_traces(hooks.call_hooks, call, state.token)
+                except INTERRUPTS as exc:  # a hook raised one, or a Ctrl-C landed: the call
+                    state.interrupt(exc)  # still runs its course (cancelled), then re-raises
             if watcher is not None:
                 watcher.watch(state)
             result = execute_call(self, state, admitted)

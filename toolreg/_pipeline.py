@@ -203,7 +203,10 @@ def _finish(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
             timeline,
         )
     if state.traces:
-        end_traces(state.traces, final)
+        try:
+            end_traces(state.traces, final)
+        except INTERRUPTS as exc:  # the observers still see the result first
+            state.interrupt(exc)
     _notify(state, final)
     return final
 

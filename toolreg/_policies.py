@@ -121,7 +121,9 @@ class RetryPolicy:
         *,
         wait: Wait = _wait_on,
     ) -> None:
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        if isinstance(attempts, bool) or not isinstance(attempts, int):
+            raise TypeError(f"attempts must be an int >= 1, got {type(attempts).__name__}")
+        if attempts < 1:
             raise ValueError(f"attempts must be an int >= 1, got {attempts!r}")
         if not callable(backoff):
             if not _is_number(backoff):

@@ -79,5 +79,7 @@ class ProgressSink:
             self._last = progress
         try:
             self._callback(ToolProgress(call, progress, total, message))
-        except Exception:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # a callback's failure never reaches the body
             logger.exception("toolreg: progress callback %r raised", self._callback)

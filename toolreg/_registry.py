@@ -237,7 +237,9 @@ class ToolRegistry:
         for listener in self._hooks.current.tools_changed:
             try:
                 listener()
-            except Exception:
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException:
                 _logger.exception("toolreg: on_tools_changed callback %r raised", listener)
 
     # -- hooks -----------------------------------------------------------------------------------
