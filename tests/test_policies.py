@@ -670,9 +670,9 @@ def test_retry_policy_defaults() -> None:
     [
         ({"attempts": 0}, ValueError),
         ({"attempts": -1}, ValueError),
-        ({"attempts": 2.0}, ValueError),
-        ({"attempts": True}, ValueError),
-        ({"attempts": "3"}, ValueError),
+        ({"attempts": 2.0}, TypeError),
+        ({"attempts": True}, TypeError),
+        ({"attempts": "3"}, TypeError),
         ({"backoff": -0.1}, ValueError),
         ({"backoff": float("nan")}, ValueError),
         ({"backoff": float("inf")}, ValueError),

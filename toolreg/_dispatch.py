@@ -164,6 +164,9 @@ class Dispatcher:
                 watcher.watch(state)
             result = execute_call(self, state, admitted)
         finally:
+            token = state.token
+            if token._links:  # made eager (someone listened): leave nothing on the caller's
+                token._close()
             calls.pop(key, None)
             if not calls and (self._idle_waiters or self._idle_callbacks):
                 self._notify_idle()
