@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from ._cancel import Cancelled
+from ._text import describe, safe_str
 
 __all__ = [
     "ERROR",
@@ -96,7 +97,7 @@ def encode_value(value: Any, contexts: list[Any]) -> Outcome:
     except Exception as exc:
         error = RemoteToolError(
             f"the tool body returned a value of type {type_name(value)} that cannot be "
-            f"pickled: {_describe(exc)}"
+            f"pickled: {describe(exc)}"
         )
         return encode_error(error, [], pickled_contexts=pickled)
     return Outcome(VALUE, payload, pickled)
@@ -121,10 +122,10 @@ def encode_error(
 
 def _stand_in(exc: BaseException, failure: Exception) -> BaseException:
     if isinstance(exc, Cancelled):  # keep it a cancellation: only its reason would not cross
-        return Cancelled(_safe_str(exc.reason))
+        return Cancelled(safe_str(exc.reason))
     return RemoteToolError(
-        f"the tool body raised {type_name(exc)}: {_safe_str(exc)} (it cannot be pickled: "
-        f"{_describe(failure)})"
+        f"the tool body raised {type_name(exc)}: {safe_str(exc)} (it cannot be pickled: "
+        f"{describe(failure)})"
     )
 
 
@@ -141,7 +142,7 @@ def _pickle_contexts(contexts: list[Any]) -> tuple[RemoteToolError | None, bytes
             if problem is None:
                 problem = RemoteToolError(
                     f"the tool body deferred a context of type {type_name(item)} that cannot "
-                    f"be pickled: {_describe(exc)}"
+                    f"be pickled: {describe(exc)}"
                 )
             continue
         kept.append(item)
@@ -154,7 +155,7 @@ def load_value(outcome: Outcome) -> Any:
         return cloudpickle.loads(outcome.payload or b"")
     except Exception as exc:
         raise RemoteToolError(
-            f"the tool body's value could not be unpickled on the caller: {_describe(exc)}"
+            f"the tool body's value could not be unpickled on the caller: {describe(exc)}"
         ) from exc
 
 
@@ -164,7 +165,7 @@ def load_error(outcome: Outcome) -> BaseException:
         exc: BaseException = cloudpickle.loads(outcome.payload or b"")
     except Exception as failure:
         exc = RemoteToolError(
-            f"the tool body's exception could not be unpickled on the caller: {_describe(failure)}"
+            f"the tool body's exception could not be unpickled on the caller: {describe(failure)}"
         )
     if outcome.traceback:
         exc.__cause__ = RemoteTraceback(outcome.traceback)
@@ -180,7 +181,7 @@ def load_contexts(outcome: Outcome) -> list[Any]:
     except Exception as exc:
         raise RemoteToolError(
             f"the tool body's deferred contexts could not be unpickled on the caller: "
-            f"{_describe(exc)}"
+            f"{describe(exc)}"
         ) from exc
     return contexts
 
@@ -190,7 +191,7 @@ def dump_reason(reason: object) -> bytes:
     try:
         blob: bytes = cloudpickle.dumps(reason)
     except Exception:
-        blob = cloudpickle.dumps(_safe_str(reason))
+        blob = cloudpickle.dumps(safe_str(reason))
     return blob
 
 
@@ -201,16 +202,5 @@ def load_reason(blob: bytes | None) -> object:
     try:
         return cloudpickle.loads(blob)
     except Exception as exc:
-        return f"<a cancellation reason that could not be unpickled: {_describe(exc)}>"
+        return f"<a cancellation reason that could not be unpickled: {describe(exc)}>"
 
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {_safe_str(exc)}"
-
-
-def _safe_str(value: object) -> str:
-    try:
-        text = str(value)
-    except Exception:
-        return f"<{type(value).__name__} whose str() raised>"
-    return text if isinstance(text, str) else f"<{type(value).__name__}>"

@@ -55,6 +55,7 @@ from ._results import (
     make_result,
     render_content,
 )
+from ._text import describe, safe_repr, safe_str
 from ._tools import InvalidArguments, freeze_arguments
 from ._traces import end_traces
 
@@ -574,26 +575,3 @@ def _malformed(result: object) -> str | None:
         if not isinstance(code, ErrorCode) or not isinstance(message, str):
             return "returned a failure whose ToolError has no ErrorCode or message"
     return None
-
-
-def describe(exc: BaseException) -> str:
-    """`Type: message` for an exception, even one whose `str()` raises."""
-    return f"{type(exc).__name__}: {safe_str(exc)}"
-
-
-def safe_str(value: object) -> str:
-    """`str(value)`, or a placeholder naming its type if that raises."""
-    try:
-        text = str(value)
-    except BaseException:
-        return f"<{type(value).__name__} whose str() raised>"
-    return text if isinstance(text, str) else f"<{type(value).__name__}>"
-
-
-def safe_repr(value: object) -> str:
-    """`repr(value)`, or a placeholder naming its type if that raises."""
-    try:
-        text = repr(value)
-    except BaseException:
-        return f"<{type(value).__name__} whose repr() raised>"
-    return text if isinstance(text, str) else f"<{type(value).__name__}>"

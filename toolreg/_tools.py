@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 from . import _validate
+from ._text import safe_repr, type_name
 
 __all__ = ["FrozenDict", "Tool", "thaw"]
 
@@ -329,7 +330,7 @@ def freeze_arguments(arguments: object) -> FrozenDict:
             else:
                 return _frozen(arguments)
         if not isinstance(arguments, Mapping):
-            raise InvalidArguments(f"must be a mapping, got {_type_name(arguments)}")
+            raise InvalidArguments(f"must be a mapping, got {type_name(arguments)}")
         return _freeze_mapping(arguments, 0, set())
     except (InvalidArguments, *_INTERRUPTS):
         raise
@@ -360,7 +361,7 @@ def _freeze(value: object, depth: int, active: set[int]) -> object:
         return _freeze_mapping(value, depth + 1, active)
     if isinstance(value, (list, tuple)):
         return _freeze_sequence(value, depth + 1, active)
-    raise InvalidArguments(f"a {_type_name(value)} is not JSON")
+    raise InvalidArguments(f"a {type_name(value)} is not JSON")
 
 
 def _enter(value: object, depth: int, active: set[int]) -> int:
@@ -395,7 +396,8 @@ def _freeze_mapping(value: Mapping[Any, Any], depth: int, active: set[int]) -> F
 
 def _plain_key(key: object, items: dict[str, Any]) -> str:
     if not isinstance(key, str):
-        raise InvalidArguments(f"has a {_type_name(key)} key {_safe_repr(key)}; JSON keys are str")
+        shown = safe_repr(key, 80)
+        raise InvalidArguments(f"has a {type_name(key)} key {shown}; JSON keys are str")
     plain = str.__str__(key)
     if plain in items:  # two keys the mapping kept apart are one key once plain
         raise InvalidArguments(f"has two keys equal to {plain!r}")
@@ -423,19 +425,5 @@ def _freeze_sequence(
 
 
 def _unreadable(value: object, exc: BaseException) -> InvalidArguments:
-    return InvalidArguments(f"a {_type_name(value)} raised {_type_name(exc)} when read")
+    return InvalidArguments(f"a {type_name(value)} raised {type_name(exc)} when read")
 
-
-def _type_name(value: object) -> str:
-    try:
-        return str.__str__(type(value).__name__)
-    except Exception:  # a metaclass may make even the name hostile
-        return "object"
-
-
-def _safe_repr(value: object, limit: int = 80) -> str:
-    try:
-        text = str.__str__(repr(value))
-    except Exception:
-        return f"<{_type_name(value)} whose repr() raised>"
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
