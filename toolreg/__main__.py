@@ -11,8 +11,29 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Protocol
 
 from . import _demo, _mcp_cli, _report, _stats
+
+
+class _Command(Protocol):
+    """What a subcommand module offers."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+# name -> (one-line help, the module that adds its arguments and runs it)
+_COMMANDS: dict[str, tuple[str, _Command]] = {
+    "demo": ("a short live demonstration of the cancellation contract", _demo),
+    "stats": ("per-tool figures from result logs", _stats),
+    "report": (
+        "an HTML page of the calls in result logs: timeline, latencies, the stats table",
+        _report,
+    ),
+    "mcp": ("serve a registry over the Model Context Protocol (needs toolreg[mcp])", _mcp_cli),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,41 +42,17 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m toolreg", description="toolreg: tool calls with quiescent cancellation"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = commands.add_parser(
-        "demo",
-        help="a short live demonstration of the cancellation contract",
-        description=_demo.__doc__.splitlines()[0] if _demo.__doc__ else None,
-    )
-    _demo.add_arguments(demo)
-    stats = commands.add_parser(
-        "stats",
-        help="per-tool figures from result logs",
-        description=_stats.HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _stats.add_arguments(stats)
-    report = commands.add_parser(
-        "report",
-        help="an HTML page of the calls in result logs: timeline, latencies, the stats table",
-        description=_report.HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _report.add_arguments(report)
-    mcp = commands.add_parser(
-        "mcp",
-        help="serve a registry over the Model Context Protocol (needs toolreg[mcp])",
-        description=_mcp_cli.HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _mcp_cli.add_arguments(mcp)
+    for name, (summary, module) in _COMMANDS.items():
+        doc = (getattr(module, "__doc__", None) or "").splitlines()
+        command = commands.add_parser(
+            name,
+            help=summary,
+            description=getattr(module, "HELP", doc[0] if doc else None),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(command)
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        return _demo.run(args)
-    if args.command == "report":
-        return _report.run(args)
-    if args.command == "mcp":
-        return _mcp_cli.run(args)
-    return _stats.run(args)
+    return _COMMANDS[args.command][1].run(args)
 
 
 if __name__ == "__main__":
