@@ -4,8 +4,8 @@ Runs every `benchmarks/bench_*.py` module (or the ones named) in each regime (`_
 default both pinned regimes, `same` then `cross`, one after the other for each module; with
 `--quick` (small sizes, for CI) only `same`; `--regime` picks one. A module that sets
 `REGIME_INDEPENDENT = True` (nothing in it depends on where threads run) runs once, in the first
-regime. Each module's `run(quick)` returns its rows, printed as a table (or, if it printed
-something itself, that), with the placement of its threads (`_regime.placement`) and its time.
+regime. Each module's `run(quick)` returns its rows, printed as a table (after whatever it
+printed itself), with the placement of its threads (`_regime.placement`) and its time.
 A module that raises is reported and makes the exit status 1; a missed target never does.
 
 At the end, a summary: every row that carries a target, in each regime that ran.
@@ -45,10 +45,9 @@ def run_module(name: str, quick: bool, regime: _regime.Regime) -> tuple[str, lis
         rows = [_as_row(row) for row in module.run(quick)]
         placement = _regime.placement()
     title = (module.__doc__ or name).strip().splitlines()[0]
-    if printed.getvalue().strip():
-        table = printed.getvalue().rstrip()
-    else:
-        table = format_table(f"{name} [{regime.name}]: {title}", rows)
+    table = format_table(f"{name} [{regime.name}]: {title}", rows)
+    if printed.getvalue().strip():  # what the module printed itself, then its rows
+        table = f"{printed.getvalue().rstrip()}\n{table}"
     return f"{table}\n  threads: {placement}", rows
 
 

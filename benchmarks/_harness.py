@@ -219,6 +219,7 @@ _FORMATS: dict[str, Callable[[float], str]] = {
     "+us": lambda value: f"{value * 1e6:+.2f} us",
     "ms": lambda value: f"{value * 1e3:.1f} ms",
     "/call": lambda value: f"{value:.2f}/call",
+    "+/call": lambda value: f"{value:+.2f}/call",
     "/1000": lambda value: f"{value:.2f} per 1,000",
 }
 
@@ -229,7 +230,7 @@ class Target:
 
     The free regime is held to the cross limit (an unpinned run places threads as it may).
     `unit` says how values print: `x` (a ratio), `+us` (seconds added, shown in us), `ms`
-    (seconds, shown in ms), `/call` or `/1000` (counts).
+    (seconds, shown in ms), `/call`, `+/call` (added) or `/1000` (counts).
     """
 
     same: float
@@ -253,10 +254,17 @@ def judged(name: str, figure: str, value: float, target: Target) -> Row:
     """The row of a figure with a target, judged in the current regime.
 
     `value` is what the target limits (a ratio, seconds, a count); it is shown in the ratio
-    column in the target's unit.
+    column in the target's unit, unless the figure shows it already.
     """
     regime = _regime.current().name
-    return Row(name, figure, target.show(value), target.text(regime), target.verdict(value, regime))
+    shown = target.show(value)
+    return Row(
+        name,
+        figure,
+        "" if shown == figure else shown,
+        target.text(regime),
+        target.verdict(value, regime),
+    )
 
 
 def verdict(value: float, limit: float) -> str:

@@ -217,8 +217,10 @@ def settle() -> None:
                     _state.late.add(_pattern(names.get(tid) or _comm(tid)))
         except ProcessLookupError:  # the thread ended meanwhile
             continue
-        if not is_caller and tid not in _state.earlier:
-            workers[_pattern(names.get(tid) or _comm(tid))] += 1
+        # Named for the output: the threads Python knows (a thread that has just ended in
+        # Python may linger in /proc for a moment; it is pinned, and not listed).
+        if not is_caller and tid not in _state.earlier and tid in names:
+            workers[_pattern(names[tid])] += 1
     with _state.lock:
         for name, count in workers.items():
             _state.worker_names[name] = max(_state.worker_names[name], count)
