@@ -86,16 +86,13 @@ def summary(results: list[Result], regimes: list[str]) -> str:
                 cells.setdefault((module, row.name), {})[regime] = row
     lines = []
     for (module, name), by_regime in cells.items():
+        ran = [by_regime.get(regime) for regime in regimes]
         targets: list[str] = []
-        for regime in regimes:
-            row = by_regime.get(regime)
-            if row is not None and row.target not in targets:
-                targets.append(row.target)
+        for cell in ran:
+            if cell is not None and cell.target not in targets:
+                targets.append(cell.target)
         target = targets[0] + "".join(f" ({text})" for text in targets[1:])
-        values = []
-        for regime in regimes:
-            row = by_regime.get(regime)
-            values.append("-" if row is None else f"{row.ratio or row.figure} {row.verdict}")
+        values = ["-" if c is None else f"{c.ratio or c.figure} {c.verdict}" for c in ran]
         lines.append([module.removeprefix("bench_"), name, target, *values])
     header = ["module", "benchmark", "target", *regimes]
     note = "  (-: not run in that regime; modules with nothing placed on threads run once)"
