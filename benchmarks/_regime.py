@@ -161,16 +161,21 @@ def active(regime: Regime) -> Iterator[None]:
 @contextlib.contextmanager
 def worker_side() -> Iterator[None]:
     """In cross, this thread runs on the workers' CPU for the block: threads started in it
-    (pool workers started by warm-up calls) are born there. Elsewhere it does nothing."""
+    (pool workers started by warm-up calls) are born there. In a pinned regime the threads
+    started in it are named by `placement()`."""
     regime = _state.regime
-    if regime.name != "cross":
+    if not regime.pinned:
         yield
         return
-    os.sched_setaffinity(0, regime.workers)
+    before = set(task_ids())
+    if regime.name == "cross":
+        os.sched_setaffinity(0, regime.workers)
     try:
         yield
     finally:
-        os.sched_setaffinity(0, regime.callers)
+        if regime.name == "cross":
+            os.sched_setaffinity(0, regime.callers)
+        _count_workers(set(task_ids()) - before)  # named even if they end before a settle()
 
 
 def mark_caller() -> None:
@@ -206,7 +211,6 @@ def settle() -> None:
     if not regime.pinned:
         return
     names = _thread_names()
-    workers: collections.Counter[str] = collections.Counter()
     for tid in task_ids():
         is_caller = tid in _state.callers
         want = regime.callers if is_caller else regime.workers
@@ -217,14 +221,23 @@ def settle() -> None:
                     _state.late.add(_pattern(names.get(tid) or _comm(tid)))
         except ProcessLookupError:  # the thread ended meanwhile
             continue
-        # Named for the output: the threads Python knows (a thread that has just ended in
-        # Python may linger in /proc for a moment; it is pinned, and not listed).
-        if not is_caller and tid not in _state.earlier and tid in names:
-            workers[_pattern(names[tid])] += 1
+    _count_workers(set(task_ids()) - _state.earlier, names)
+    _state.settled = True
+
+
+def _count_workers(tids: set[int], names: dict[int, str] | None = None) -> None:
+    """Name the worker threads among `tids` for `placement()` (the most of a name at once).
+
+    Only threads Python knows are named: one that has just ended may linger in /proc for a
+    moment (it is pinned all the same).
+    """
+    names = _thread_names() if names is None else names
+    workers = collections.Counter(
+        _pattern(names[tid]) for tid in tids if tid in names and tid not in _state.callers
+    )
     with _state.lock:
         for name, count in workers.items():
             _state.worker_names[name] = max(_state.worker_names[name], count)
-    _state.settled = True
 
 
 def placement() -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from toolreg import ToolRegistry
@@ -34,6 +35,7 @@ from ._harness import (
     Row,
     format_time,
     interleaved,
+    start_executor_workers,
     start_registry_workers,
     timed_once,
     verdict,
@@ -71,6 +73,16 @@ def _registry() -> ToolRegistry:
         },
     )
     return registry
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """An event loop whose default executor (where frameworks run sync tools) is started."""
+    loop = asyncio.new_event_loop()
+    with _regime.worker_side():
+        executor = ThreadPoolExecutor(WORKERS)
+        loop.set_default_executor(executor)
+        start_executor_workers(executor, WORKERS)
+    return loop
 
 
 def _sync(fn: Callable[[], object], calls: int) -> Callable[[], float]:
@@ -111,7 +123,7 @@ def _langchain(quick: bool) -> list[Measured]:
     own = tool(search_kw, parse_docstring=False)
     own.name = "search"
     call = {"type": "tool_call", "name": "search", "args": ARGUMENTS, "id": "call-1"}
-    loop = asyncio.new_event_loop()
+    loop = _loop()
     registry = _registry()
     try:
         [adapted] = as_langchain_tools(registry)
@@ -146,7 +158,7 @@ def _openai_agents(quick: bool) -> list[Measured]:
     turns = 20 if quick else 200
     own = function_tool(search_kw, name_override="search", strict_mode=False)
     payload = json.dumps(ARGUMENTS)
-    loop = asyncio.new_event_loop()
+    loop = _loop()
     registry = _registry()
     config = RunConfig(tracing_disabled=True)
 
@@ -202,7 +214,7 @@ def _pydantic_ai(quick: bool) -> list[Measured]:
             return ModelResponse(parts=[ToolCallPart("search", dict(ARGUMENTS))])
         return ModelResponse(parts=[TextPart("ok")])
 
-    loop = asyncio.new_event_loop()
+    loop = _loop()
     registry = _registry()
     try:
         adapted = Agent(FunctionModel(script), toolsets=[RegistryToolset(registry)])

@@ -134,7 +134,7 @@ def _peers(variants: dict[str, Invoke]) -> list[str]:
 
 def measure(quick: bool) -> tuple[Rounds, list[str]]:
     """Seconds per call, per round, keyed `<variant>|<concurrency>`; and the skipped peers."""
-    repeats = 7 if quick else 21
+    repeats = 7 if quick else 15
     calls = 600 if quick else 4_000
     loop = asyncio.new_event_loop()
     with _regime.worker_side():

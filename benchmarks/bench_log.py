@@ -278,7 +278,7 @@ def _rows(m: Rounds, regime_name: str) -> list[Row]:
         rows.append(
             Row(
                 f"execute + ResultLog {mode}; paired",
-                f"+{format_time(bare * (factor - 1))}/call",
+                f"{'+' if factor >= 1 else '-'}{format_time(abs(bare * (factor - 1)))}/call",
                 f"{factor:.2f}x",
                 f"<= {CALL_TARGET}x" if target else "",
                 verdict(factor, CALL_TARGET) if target else "",

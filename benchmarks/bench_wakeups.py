@@ -172,12 +172,17 @@ def _per_call_rows(sizes: Sizes) -> list[Row]:
         return HOP_TARGET.show(m.difference(name, "bare"))
 
     return [
-        Row("bare hand-off: one worker, a lock each (baseline)", figure("bare")),
-        Row("ThreadPoolExecutor(8): submit(fn).result()", figure("raw"), beyond("raw")),
-        Row("WorkerPool(8): submit(fn).result()", figure("lean"), beyond("lean")),
-        judged("execute, no hooks", figure("plain"), m.difference("plain", "bare"), HOP_TARGET),
+        Row("wake-ups: bare hand-off, one worker, a lock each (baseline)", figure("bare")),
+        Row("wake-ups: ThreadPoolExecutor(8).submit(fn).result()", figure("raw"), beyond("raw")),
+        Row("wake-ups: WorkerPool(8).submit(fn).result()", figure("lean"), beyond("lean")),
         judged(
-            "execute, six hooks incl. TimeoutPolicy",
+            "wake-ups: execute, no hooks",
+            figure("plain"),
+            m.difference("plain", "bare"),
+            HOP_TARGET,
+        ),
+        judged(
+            "wake-ups: execute, six hooks incl. TimeoutPolicy",
             figure("six"),
             m.difference("six", "bare"),
             HOP_TARGET,
