@@ -168,13 +168,13 @@ def worker_side() -> Iterator[None]:
         yield
         return
     before = set(task_ids())
+    previous = os.sched_getaffinity(0)
     if regime.name == "cross":
         os.sched_setaffinity(0, regime.workers)
     try:
         yield
     finally:
-        if regime.name == "cross":
-            os.sched_setaffinity(0, regime.callers)
+        os.sched_setaffinity(0, previous)  # nested blocks restore their own
         _count_workers(set(task_ids()) - before)  # named even if they end before a settle()
 
 
