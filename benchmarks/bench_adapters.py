@@ -13,8 +13,9 @@ The same trivial function (it returns a constant) is run both ways, in one run:
   a sync function on a worker thread).
 
 Target: each adapter <= 1.30x its framework's own runner. The figure is the median over
-interleaved repeats (`_harness.interleaved`) of the time per call, with the cyclic GC off
-while timing; async variants run on one long-lived event loop. A framework that is not
+interleaved rounds (`_harness.interleaved`) of the time per call, with the cyclic GC off
+while timing, and the ratio the median of the per-round ratios; async variants run on one
+long-lived event loop, in the main thread (the caller). A framework that is not
 installed is reported as skipped.
 """
 
@@ -23,17 +24,28 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from toolreg import ToolRegistry
 
-from ._harness import Row, format_time, interleaved, ratio, timed_once, verdict
+from . import _regime
+from ._harness import (
+    Rounds,
+    Row,
+    format_time,
+    interleaved,
+    start_executor_workers,
+    start_registry_workers,
+    timed_once,
+    verdict,
+)
 
 TARGET = 1.30
 ARGUMENTS: dict[str, Any] = {"q": "quiescent cancellation", "limit": 10}
 WORKERS = 4
 
-Measured = tuple[str, float, float]  # (what, adapter's seconds per call, framework's)
+Measured = tuple[str, Rounds, str, str]  # (what, seconds per call, adapter's key, framework's)
 
 
 def search(args: Any, ctx: Any) -> str:
@@ -47,7 +59,10 @@ def search_kw(q: str, limit: int) -> str:
 
 
 def _registry() -> ToolRegistry:
-    registry = ToolRegistry(max_workers=WORKERS)
+    """The registry every adapter wraps, all its workers started (in cross, on their CPU)."""
+    with _regime.worker_side():
+        registry = ToolRegistry(max_workers=WORKERS)
+        start_registry_workers(registry, WORKERS)
     registry.tool(
         search,
         description="Search the index.",
@@ -58,6 +73,16 @@ def _registry() -> ToolRegistry:
         },
     )
     return registry
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    """An event loop whose default executor (where frameworks run sync tools) is started."""
+    loop = asyncio.new_event_loop()
+    with _regime.worker_side():
+        executor = ThreadPoolExecutor(WORKERS)
+        loop.set_default_executor(executor)
+        start_executor_workers(executor, WORKERS)
+    return loop
 
 
 def _sync(fn: Callable[[], object], calls: int) -> Callable[[], float]:
@@ -83,8 +108,9 @@ def _async(
 
 def _compare(
     variants: dict[str, Callable[[], float]], warm: Callable[[], object], repeats: int
-) -> dict[str, float]:
-    warm()
+) -> Rounds:
+    with _regime.worker_side():  # a thread the warm-up starts (a framework's pool) is a worker
+        warm()
     return interleaved(variants, repeats)
 
 
@@ -97,7 +123,7 @@ def _langchain(quick: bool) -> list[Measured]:
     own = tool(search_kw, parse_docstring=False)
     own.name = "search"
     call = {"type": "tool_call", "name": "search", "args": ARGUMENTS, "id": "call-1"}
-    loop = asyncio.new_event_loop()
+    loop = _loop()
     registry = _registry()
     try:
         [adapted] = as_langchain_tools(registry)
@@ -116,8 +142,8 @@ def _langchain(quick: bool) -> list[Measured]:
         registry.close()
         loop.close()
     return [
-        ("LangChain invoke(tool_call)", medians["adapter invoke"], medians["own invoke"]),
-        ("LangChain ainvoke(tool_call)", medians["adapter ainvoke"], medians["own ainvoke"]),
+        ("LangChain invoke(tool_call)", medians, "adapter invoke", "own invoke"),
+        ("LangChain ainvoke(tool_call)", medians, "adapter ainvoke", "own ainvoke"),
     ]
 
 
@@ -132,7 +158,7 @@ def _openai_agents(quick: bool) -> list[Measured]:
     turns = 20 if quick else 200
     own = function_tool(search_kw, name_override="search", strict_mode=False)
     payload = json.dumps(ARGUMENTS)
-    loop = asyncio.new_event_loop()
+    loop = _loop()
     registry = _registry()
     config = RunConfig(tracing_disabled=True)
 
@@ -169,8 +195,8 @@ def _openai_agents(quick: bool) -> list[Measured]:
         registry.close()
         loop.close()
     return [
-        ("Agents on_invoke_tool", medians["adapter invoke"], medians["own invoke"]),
-        ("Agents Runner.run turn", medians["adapter turn"], medians["own turn"]),
+        ("Agents on_invoke_tool", medians, "adapter invoke", "own invoke"),
+        ("Agents Runner.run turn", medians, "adapter turn", "own turn"),
     ]
 
 
@@ -188,7 +214,7 @@ def _pydantic_ai(quick: bool) -> list[Measured]:
             return ModelResponse(parts=[ToolCallPart("search", dict(ARGUMENTS))])
         return ModelResponse(parts=[TextPart("ok")])
 
-    loop = asyncio.new_event_loop()
+    loop = _loop()
     registry = _registry()
     try:
         adapted = Agent(FunctionModel(script), toolsets=[RegistryToolset(registry)])
@@ -205,7 +231,7 @@ def _pydantic_ai(quick: bool) -> list[Measured]:
     finally:
         registry.close()
         loop.close()
-    return [("pydantic-ai agent.run turn", medians["adapter"], medians["own"])]
+    return [("pydantic-ai agent.run turn", medians, "adapter", "own")]
 
 
 def run(quick: bool) -> list[Row]:
@@ -221,15 +247,16 @@ def run(quick: bool) -> list[Row]:
         except ImportError:
             rows.append(Row(f"{framework}: not installed, skipped", "-"))
             continue
-        for what, adapter, own in measured:
-            rows.append(Row(f"{what}, framework's own (baseline)", f"{format_time(own)}/call"))
+        for what, m, adapter, own in measured:
+            factor = m.ratio(adapter, own)
+            rows.append(Row(f"{what}, framework's own (baseline)", f"{format_time(m[own])}/call"))
             rows.append(
                 Row(
                     f"{what}, toolreg adapter",
-                    f"{format_time(adapter)}/call",
-                    ratio(adapter, own),
+                    f"{format_time(m[adapter])}/call",
+                    f"{factor:.2f}x",
                     f"<= {TARGET:.2f}x",
-                    verdict(adapter / own, TARGET),
+                    verdict(factor, TARGET),
                 )
             )
     return rows
@@ -238,6 +265,6 @@ def run(quick: bool) -> list[Row]:
 if __name__ == "__main__":
     import sys
 
-    from ._harness import format_table
+    from .__main__ import main
 
-    print(format_table("bench_adapters", run(quick="--quick" in sys.argv)))
+    sys.exit(main(["--only", "adapters", *sys.argv[1:]]))

@@ -14,10 +14,9 @@
   (target <= 1.25x grouped, in the `same` regime). A timed run ends with `flush()`, so the
   drain's work for those calls is inside it. A trivial tool is the worst case.
 
-Regimes: `same` pins the benchmark's thread to one CPU before it starts any thread (every
-thread it starts inherits the pin: callers, pool workers and the drain share one CPU), `free`
-lets the scheduler place them. `TOOLREG_BENCH_REGIME=same|free` runs one of them; the default
-runs both where CPU affinity can be set, else `free`.
+Regimes (`_regime`): in `cross` the registries' workers and ResultLog's drain thread are started
+on the workers' CPU (they are created inside `_regime.worker_side()`); the call target holds in
+the `same` regime only (on an idle machine, cross, the log costs a smaller share).
 
 All variants run interleaved, in a rotated order, and each figure is the median over the
 repeats (`_harness.interleaved`). The comparisons that carry targets are paired: their
@@ -27,13 +26,12 @@ which cancels most of the drift of a busy, shared machine.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -43,7 +41,8 @@ import toolreg.log as log_module
 from toolreg import ToolCall, ToolRegistry, ToolResult
 from toolreg.log import ResultLog
 
-from ._harness import Row, format_time, interleaved, ratio, timed_once, verdict
+from . import _regime
+from ._harness import Rounds, Row, format_time, interleaved, timed_once, verdict
 
 MAX_BYTES = 4 * 1024 * 1024  # the same rotation settings for every variant
 BACKUP_COUNT = 3
@@ -111,7 +110,8 @@ def _result_log(directory: str, count: int, per_line: bool) -> float:
     """Seconds per line: ResultLog, encoding included (and the drain, in `close()`)."""
     result = _result()
     path = _new_file(directory, "per-line" if per_line else "grouped")
-    log = ResultLog(path, max_bytes=MAX_BYTES, backup_count=BACKUP_COUNT, per_line=per_line)
+    with _regime.worker_side():  # the drain thread is a worker
+        log = ResultLog(path, max_bytes=MAX_BYTES, backup_count=BACKUP_COUNT, per_line=per_line)
 
     def write(n: int) -> None:
         for _ in range(n):
@@ -168,28 +168,30 @@ def _encoding(directory: str, count: int, hand_built: bool) -> float:
 
 def _per_call(count: int) -> float:
     """Seconds per `execute` of a trivial tool, with a no-op observer."""
-    with ToolRegistry(max_workers=2) as registry:
+    with _regime.worker_side():
+        registry = ToolRegistry(max_workers=2)
         registry.tool(search)
         registry.on_result(_noop)
         _calls(registry, 100)  # start the pool's threads
+    with registry:
         return timed_once(partial(_calls, registry), count) / count
 
 
 def _paired_calls(directory: str, count: int, per_line: bool) -> float:
     """`execute` with a ResultLog over `execute` with a no-op observer, one registry (ABBA)."""
     name = "execute-per-line.jsonl" if per_line else "execute.jsonl"
-    with (
-        ToolRegistry(max_workers=2) as registry,
-        ResultLog(os.path.join(directory, name), per_line=per_line) as log,
-    ):
+    with _regime.worker_side():
+        registry = ToolRegistry(max_workers=2)
         registry.tool(search)
+        _calls(registry, 100)  # start the pool's threads
+        log = ResultLog(os.path.join(directory, name), per_line=per_line)
+    with registry, log:
 
         def logged_calls(n: int) -> None:
             _calls(registry, n)
             log.flush()  # the drain's work for these calls belongs to them
 
         observing = registry.on_result(_noop)
-        _calls(registry, 100)
         bare = timed_once(partial(_calls, registry), count)
         observing.remove()
         observing = registry.on_result(log)
@@ -223,45 +225,15 @@ def _variants(directory: str, lines: list[str], calls: int) -> dict[str, Callabl
     }
 
 
-@contextlib.contextmanager
-def regime(name: str) -> Iterator[None]:
-    """`same`: this thread (and every thread it starts from now on) on one CPU; `free`: as is."""
-    if name != "same":
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(before)})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
-def regimes() -> list[str]:
-    """The regimes to run: `TOOLREG_BENCH_REGIME`, else both where affinity can be set."""
-    chosen = os.environ.get("TOOLREG_BENCH_REGIME", "")
-    can_pin = hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1
-    if chosen in ("same", "free"):
-        if chosen == "same" and not can_pin:
-            raise RuntimeError("TOOLREG_BENCH_REGIME=same needs os.sched_setaffinity and 2 CPUs")
-        return [chosen]
-    if chosen:
-        raise ValueError(f"TOOLREG_BENCH_REGIME must be same or free, got {chosen!r}")
-    return ["same", "free"] if can_pin else ["free"]
-
-
-def measure(quick: bool, regime_name: str = "free") -> dict[str, float]:
-    """Medians: seconds per line or per call, and the paired ratios (`a / b` keys)."""
+def measure(quick: bool) -> Rounds:
+    """Seconds per line or per call, and the paired ratios (`a / b` keys), per round."""
     repeats = 5 if quick else 11
     count = 2_000 if quick else 10_000
     calls = 400 if quick else 2_000
     # tmpfs when there is one: the figures then measure the code, not a disk that other
     # processes share (and a slower disk would only dilute ResultLog's own overhead).
     memory = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    with (
-        regime(regime_name),
-        tempfile.TemporaryDirectory(prefix="bench-log-", dir=memory) as directory,
-    ):
+    with tempfile.TemporaryDirectory(prefix="bench-log-", dir=memory) as directory:
         sample = ResultLog(os.path.join(directory, "sample.jsonl"))
         lines = [sample.encode(_result()) for _ in range(count)]  # what ResultLog would write
         sample.close()
@@ -269,54 +241,44 @@ def measure(quick: bool, regime_name: str = "free") -> dict[str, float]:
 
 
 def run(quick: bool) -> list[Row]:
-    """Measure each regime and return the table's rows."""
-    rows: list[Row] = []
-    for name in regimes():
-        rows.extend(_rows(measure(quick, name), name))
-    return rows
+    """Measure in the current regime and return the table's rows."""
+    return _rows(measure(quick), _regime.current().name)
 
 
-def _rows(m: dict[str, float], regime_name: str) -> list[Row]:
+def _rows(m: Rounds, regime_name: str) -> list[Row]:
     def rate(key: str) -> str:
         return f"{1 / m[key]:,.0f} lines/s"
 
-    tag = f"[{regime_name}] "
-    raw = m["raw logger"]
+    def speed(key: str) -> str:  # lines/s over the raw logger's, per round
+        return f"{m.ratio('raw logger', key):.2f}x"
+
     throughput = 1 / m["ResultLog / raw"]
     rows = [
-        Row(f"{tag}raw handler via logging.Logger (baseline)", rate("raw logger"), "1.00x"),
+        Row("raw handler via logging.Logger (baseline)", rate("raw logger"), "1.00x"),
+        Row("raw handler.handle(record): floor", rate("raw handle"), speed("raw handle")),
         Row(
-            f"{tag}raw handler.handle(record): floor",
-            rate("raw handle"),
-            ratio(raw, m["raw handle"]),
-        ),
-        Row(
-            f"{tag}ResultLog grouped (encode + drain); paired",
+            "ResultLog grouped (encode + drain); paired",
             rate("ResultLog"),
             f"{throughput:.2f}x",
             f">= {LINES_TARGET}x",
             "PASS" if throughput >= LINES_TARGET else "MISS",
         ),
+        Row("ResultLog per_line=True", rate("ResultLog per line"), speed("ResultLog per line")),
         Row(
-            f"{tag}ResultLog per_line=True",
-            rate("ResultLog per line"),
-            ratio(raw, m["ResultLog per line"]),
-        ),
-        Row(
-            f"{tag}encode a line: hand-built / generic",
+            "encode a line: hand-built / generic",
             f"{format_time(m['encode hand-built'])}/line",
-            ratio(m["encode hand-built"], m["encode generic"]),
+            f"{m.ratio('encode hand-built', 'encode generic'):.2f}x",
         ),
     ]
     bare = m["execute"]
-    rows.append(Row(f"{tag}execute + no-op observer", f"{format_time(bare)}/call", "1.00x"))
+    rows.append(Row("execute + no-op observer", f"{format_time(bare)}/call", "1.00x"))
     for mode in ("grouped", "per-line"):
         factor = m[f"execute {mode} / noop"]
         target = regime_name == "same" and mode == "grouped"
         rows.append(
             Row(
-                f"{tag}execute + ResultLog {mode}; paired",
-                f"+{format_time(bare * (factor - 1))}/call",
+                f"execute + ResultLog {mode}; paired",
+                f"{'+' if factor >= 1 else '-'}{format_time(abs(bare * (factor - 1)))}/call",
                 f"{factor:.2f}x",
                 f"<= {CALL_TARGET}x" if target else "",
                 verdict(factor, CALL_TARGET) if target else "",

@@ -12,9 +12,10 @@ in-memory streams to a low-level `Server` in the same event loop:
   second plus its own bookkeeping.
 
 Two shapes: sequential calls, and 8 concurrent callers on one connection. Variants are
-interleaved within each repeat (`_harness.interleaved`), with the cyclic GC off while timing;
-figures are medians of wall time per call. The event loop runs on its own thread (an anyio
-blocking portal), entered once per timed run, not once per call.
+interleaved within each round (`_harness.interleaved`), with the cyclic GC off while timing;
+figures are medians of wall time per call, ratios medians of per-round ratios. The event loop
+runs on its own thread (an anyio blocking portal; a caller in the cross regime), entered once
+per timed run, not once per call.
 
 Last, the CPU the process spends while a client-cancelled call waits for an uncooperative body
 (the handler's join): anyio re-delivers a cancel at every await of a cancelled scope, so a
@@ -41,7 +42,16 @@ from toolreg import ToolRegistry
 from toolreg.aio import AsyncToolRegistry
 from toolreg.mcp import build_server
 
-from ._harness import Row, format_time, interleaved, ratio, timed_once, verdict
+from . import _regime
+from ._harness import (
+    Rounds,
+    Row,
+    format_time,
+    interleaved,
+    start_registry_workers,
+    timed_once,
+    verdict,
+)
 
 WORKERS = 8
 CONCURRENCY = 8
@@ -94,15 +104,18 @@ def _portal() -> Iterator[anyio.from_thread.BlockingPortal]:
         yield portal
 
 
-def measure(quick: bool) -> dict[str, float]:
-    """Median seconds per call, keyed `<variant>|<concurrency>`."""
+def measure(quick: bool) -> Rounds:
+    """Seconds per call, per round, keyed `<variant>|<concurrency>`."""
     repeats = 5 if quick else 15
     calls = 200 if quick else 2_000
-    registry = ToolRegistry(max_workers=WORKERS)
+    with _regime.worker_side():
+        registry = ToolRegistry(max_workers=WORKERS)
+        start_registry_workers(registry, WORKERS)
     registry.tool(search)
     servers = {BASELINE: plain_server(), "toolreg.mcp bridge": build_server(registry)}
     try:
         with _portal() as portal, portal.wrap_async_context_manager(_clients(servers)) as clients:
+            portal.call(_regime.mark_caller)  # the event loop's thread: the MCP client side
 
             def timed(client: Client, concurrency: int) -> Callable[[], float]:
                 def workload(n: int) -> None:
@@ -182,19 +195,20 @@ def run(quick: bool) -> list[Row]:
     rows: list[Row] = []
     for concurrency in (1, CONCURRENCY):
         shape = "sequential" if concurrency == 1 else f"{concurrency} concurrent callers"
-        base = medians[f"{BASELINE}|{concurrency}"]
+        base = f"{BASELINE}|{concurrency}"
         for key, cost in medians.items():
             name, level = key.rsplit("|", 1)
             if int(level) != concurrency:
                 continue
             figure = f"{format_time(cost)}/call"
+            factor = medians.ratio(key, base)
             if name == "toolreg.mcp bridge":
                 target = f"<= {TARGET:.2f}x"
-                check = verdict(cost / base, TARGET)
-                rows.append(Row(f"{name}, {shape}", figure, ratio(cost, base), target, check))
+                check = verdict(factor, TARGET)
+                rows.append(Row(f"{name}, {shape}", figure, f"{factor:.2f}x", target, check))
             else:
                 label = f"{name}, {shape}" + (" (baseline)" if name == BASELINE else "")
-                rows.append(Row(label, figure, ratio(cost, base)))
+                rows.append(Row(label, figure, f"{factor:.2f}x"))
     cpu, wall = held_join_cpu(0.2 if quick else 1.0)
     share = cpu / wall
     rows.append(
@@ -212,6 +226,6 @@ def run(quick: bool) -> list[Row]:
 if __name__ == "__main__":
     import sys
 
-    from ._harness import format_table
+    from .__main__ import main
 
-    print(format_table("bench_mcp", run(quick="--quick" in sys.argv)))
+    sys.exit(main(["--only", "mcp", *sys.argv[1:]]))

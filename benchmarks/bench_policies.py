@@ -3,18 +3,18 @@
 Every variant calls `registry.execute("timed", token=caller)`, a trivial tool declaring
 `timeout=30` (the deadline never fires: this is the cost of arming, fusing and closing it), with
 a caller token, as an agent loop passes one. A trivial tool is the worst case: a real tool's own
-work dwarfs the policy.
+work dwarfs the policy. Each variant has a registry of its own (8 workers, all started before
+timing), alike but for the one wrapper:
 
 * execute, no wrapper: the baseline, seconds per call.
-* + TimeoutPolicy: the same registry with `TimeoutPolicy()` added, paired (target <= 1.10x).
+* + TimeoutPolicy: `TimeoutPolicy()` added. Target (issue 18, every regime): at most 5 us more
+  per call, the median of the per-round differences from the baseline.
 * + a pass-through wrapper (`lambda dispatch, proceed: proceed()`): the share of the wrapper
-  chain itself, so the rest is the deadline (a `deadline()` source, a timer, the fused token).
+  chain itself, so the rest of TimeoutPolicy's cost is its deadline.
 * + RetryPolicy: whose first attempt succeeds (it only adds a call and a result check).
 
-The ratios are paired: each run times the bare registry and the one with the wrapper back to back
-(ABBA, the wrapper added and removed on the same registry), and the table shows the median of
-those ratios, which cancels most of the drift of a busy, shared machine. The absolute figures are
-medians over the same interleaved repeats (`_harness.interleaved`).
+Variants run interleaved in rounds (`_harness.interleaved`); figures are medians, the added
+microseconds and ratios medians of the per-round differences and ratios.
 """
 
 from __future__ import annotations
@@ -26,10 +26,21 @@ from typing import Any
 
 from toolreg import CancelSource, Dispatch, RetryPolicy, TimeoutPolicy, Tool, ToolRegistry
 
-from ._harness import Row, format_time, interleaved, timed_once, verdict
+from . import _regime
+from ._harness import (
+    Rounds,
+    Row,
+    Target,
+    format_time,
+    interleaved,
+    judged,
+    start_registry_workers,
+    timed_once,
+)
 
-TARGET = 1.10  # execute with TimeoutPolicy, as a multiple of execute without it
+TARGET = Target(5e-6, unit="+us")  # seconds TimeoutPolicy may add to a call, in every regime
 TOOL_TIMEOUT = 30.0  # seconds: never reached, so no deadline fires while timing
+WORKERS = 8
 
 
 @dataclass(frozen=True)
@@ -38,8 +49,8 @@ class Sizes:
     repeats: int
 
 
-QUICK = Sizes(calls=400, repeats=5)
-FULL = Sizes(calls=2_000, repeats=15)
+QUICK = Sizes(calls=500, repeats=7)
+FULL = Sizes(calls=2_000, repeats=21)
 
 Wrapper = Callable[[Dispatch, Callable[[], Any]], Any]
 
@@ -53,14 +64,19 @@ WRAPPERS: dict[str, Callable[[], Wrapper]] = {
     "pass-through": lambda: _pass_through,
     "RetryPolicy": RetryPolicy,
 }
+LABELS = {
+    "TimeoutPolicy": "execute + TimeoutPolicy()",
+    "pass-through": "execute + pass-through around wrapper",
+    "RetryPolicy": "execute + RetryPolicy() (first try succeeds)",
+}
 
 
-def _registry() -> tuple[ToolRegistry, CancelSource]:
-    registry = ToolRegistry(max_workers=2)
+def _registry(wrapper: str | None) -> ToolRegistry:
+    registry = ToolRegistry(max_workers=WORKERS)
     registry.register(Tool("timed", lambda args, ctx: "ok", timeout=TOOL_TIMEOUT))
-    caller = CancelSource()
-    _calls(registry, caller, 100)  # start the pool's threads, warm the caches
-    return registry, caller
+    if wrapper is not None:
+        registry.add_around(WRAPPERS[wrapper]())
+    return registry
 
 
 def _calls(registry: ToolRegistry, caller: CancelSource, n: int) -> None:
@@ -69,64 +85,51 @@ def _calls(registry: ToolRegistry, caller: CancelSource, n: int) -> None:
         registry.execute("timed", token=token)
 
 
-def _per_call(count: int, wrapper: str | None) -> float:
-    """Seconds per call, in a fresh registry with `wrapper` (or none) added."""
-    registry, caller = _registry()
-    with registry:
-        if wrapper is not None:
-            registry.add_around(WRAPPERS[wrapper]())
-        return timed_once(partial(_calls, registry, caller), count) / count
+def _per_call(registry: ToolRegistry, caller: CancelSource, n: int) -> float:
+    return timed_once(partial(_calls, registry, caller), n) / n
 
 
-def _paired(count: int, wrapper: str) -> float:
-    """Seconds per call with `wrapper` over without, one registry, ABBA order."""
-    registry, caller = _registry()
-    run = partial(_calls, registry, caller)
-    with registry:
-        bare = timed_once(run, count)
-        added = registry.add_around(WRAPPERS[wrapper]())
-        wrapped = timed_once(run, count)
-        wrapped += timed_once(run, count)
-        added.remove()
-        bare += timed_once(run, count)
-    return wrapped / bare
-
-
-def measure(quick: bool) -> dict[str, float]:
-    """Medians: seconds per call (`execute`, `execute + X`) and paired ratios (`X / bare`)."""
+def measure(quick: bool) -> Rounds:
+    """Seconds per call of each variant (`execute`, `execute + <wrapper>`), per round."""
     sizes = QUICK if quick else FULL
-    n = sizes.calls
-    variants: dict[str, Callable[[], float]] = {"execute": partial(_per_call, n, None)}
-    for name in WRAPPERS:
-        variants[f"execute + {name}"] = partial(_per_call, n, name)
-        variants[f"{name} / bare"] = partial(_paired, n // 2, name)
-    return interleaved(variants, sizes.repeats)
+    caller = CancelSource()
+    registries: dict[str, ToolRegistry] = {}
+    try:
+        with _regime.worker_side():
+            for wrapper in (None, *WRAPPERS):
+                name = "execute" if wrapper is None else f"execute + {wrapper}"
+                registry = registries[name] = _registry(wrapper)
+                start_registry_workers(registry, WORKERS)
+                _calls(registry, caller, 100)  # warm the caches
+        variants = {
+            name: partial(_per_call, registry, caller, sizes.calls)
+            for name, registry in registries.items()
+        }
+        return interleaved(variants, sizes.repeats)
+    finally:
+        for registry in registries.values():
+            registry.close()
 
 
 def run(quick: bool) -> list[Row]:
     """Measure and return the table's rows."""
     m = measure(quick)
     bare = m["execute"]
-    rows = [Row("execute, tool timeout=30, no wrapper (baseline)", format_time(bare), "1.00x")]
-    labels = {
-        "TimeoutPolicy": "execute + TimeoutPolicy(), paired",
-        "pass-through": "execute + pass-through around wrapper, paired",
-        "RetryPolicy": "execute + RetryPolicy() (first try succeeds), paired",
-    }
-    for name, label in labels.items():
-        factor = m[f"{name} / bare"]
-        target = f"<= {TARGET:.2f}x" if name == "TimeoutPolicy" else ""
-        result = verdict(factor, TARGET) if name == "TimeoutPolicy" else ""
-        added = bare * (factor - 1)
-        sign = "+" if added >= 0 else "-"
-        figure = f"{format_time(m[f'execute + {name}'])} ({sign}{format_time(abs(added))})"
-        rows.append(Row(label, figure, f"{factor:.2f}x", target, result))
+    rows = [Row("execute, tool timeout=30, no wrapper (baseline)", format_time(bare), "")]
+    for name, label in LABELS.items():
+        key = f"execute + {name}"
+        added = m.difference(key, "execute")
+        figure = f"{format_time(m[key])} ({m.ratio(key, 'execute'):.2f}x)"
+        if name == "TimeoutPolicy":
+            rows.append(judged(label, figure, added, TARGET))
+        else:
+            rows.append(Row(label, figure, TARGET.show(added)))
     return rows
 
 
 if __name__ == "__main__":
     import sys
 
-    from ._harness import format_table
+    from .__main__ import main
 
-    print(format_table("bench_policies", run(quick="--quick" in sys.argv)))
+    sys.exit(main(["--only", "policies", *sys.argv[1:]]))

@@ -1,47 +1,63 @@
-"""ToolRegistry.execute against the raw executor round trip it wraps.
+"""ToolRegistry.execute against the bare thread-pool hop it replaces.
 
-Every figure is a median over interleaved repeats; ratios are against baselines measured in the
-same run. Rows:
+The baseline is the bare hop `pool.submit(fn).result()` on a `ThreadPoolExecutor(8)`; every
+registry has 8 workers (its default `WorkerPool`) and runs a trivial tool, so the figures are
+pure overhead. Ratios are medians of per-round ratios (`_harness.interleaved`). Rows, with the
+targets of issue 18 (same regime; cross in brackets):
 
-* execute, no hooks: `registry.execute("one")` on a trivial tool, against the raw round trip
-  `pool.submit(fn).result()` on a `ThreadPoolExecutor` of the same size (target <= 1.10x).
-* execute, full pipeline: the same with a pre-execute hook, a guard, two around wrappers, a post
-  hook and an observer, all trivial (target <= 1.30x).
-* langchain `@tool(...).invoke`: the peer's own per-call cost, when langchain-core is installed.
-* throughput, 8 threads: calls per second with 8 submitting threads, against the raw pool driven
-  the same way (target >= 0.85x, shown as raw/execute time ratio <= 1.18x).
-* memory: traced bytes retained by one long-lived caller token after many calls (must stay 0).
+* execute, no hooks: `registry.execute("one")` over the bare hop: <= 1.00x (<= 1.10x).
+* execute, six hooks incl. TimeoutPolicy: a pre-execute hook, a guard, `TimeoutPolicy()` and
+  a pass-through around wrapper, a post-execute hook and an observer, on a tool with
+  `timeout=30` (never reached), over the same bare hop: <= 1.20x (<= 1.30x).
+* 8 submitting threads: wall time for 8 threads calling `execute` in a loop over the same 8
+  threads driving the `ThreadPoolExecutor(8)`: <= 1.00x (<= 1.00x).
+* for reference: `WorkerPool(8).submit(fn).result()` (toolreg's pool as a plain `Executor`),
+  and LangChain's `@tool(...).invoke` (a peer's per-call cost, when langchain-core is there).
+
+Every pool has all its workers started before timing (`_harness.start_*_workers`, inside
+`_regime.worker_side()`, so in the cross regime they run on the workers' CPU); the 8 submitting
+threads are callers (`_regime.caller()`).
 """
 
 from __future__ import annotations
 
-import gc
 import importlib
 import threading
-import tracemalloc
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from toolreg import Allow, CancelSource, Tool, ToolRegistry
+from toolreg import Allow, TimeoutPolicy, Tool, ToolRegistry, WorkerPool
 
-from ._harness import Row, format_time, interleaved, ratio, timed_once, verdict
+from . import _regime
+from ._harness import (
+    Row,
+    Target,
+    format_time,
+    interleaved,
+    judged,
+    start_executor_workers,
+    start_registry_workers,
+    timed_once,
+)
 
-NO_HOOKS_TARGET = 1.10
-FULL_TARGET = 1.30
-THROUGHPUT_TARGET = 1 / 0.85
+WORKERS = 8
+THREADS = 8
+NO_HOOKS = Target(1.00, 1.10)
+SIX_HOOKS = Target(1.20, 1.30)
+THREADED = Target(1.00, 1.00)
+TOOL_TIMEOUT = 30.0  # seconds: never reached
 
 
 @dataclass(frozen=True)
 class Sizes:
     calls: int  # calls per timed run
     repeats: int
-    memory_calls: int
 
 
-QUICK = Sizes(calls=1_000, repeats=5, memory_calls=20_000)
-FULL = Sizes(calls=5_000, repeats=15, memory_calls=1_000_000)
+QUICK = Sizes(calls=1_000, repeats=7)
+FULL = Sizes(calls=5_000, repeats=21)
 
 
 def _one() -> int:
@@ -56,42 +72,50 @@ def _wrapper(dispatch: Any, proceed: Callable[[], Any]) -> Any:
     return proceed()
 
 
-def _full_registry(workers: int) -> ToolRegistry:
-    registry = ToolRegistry(max_workers=workers)
+def plain_registry() -> ToolRegistry:
+    """A registry with the trivial tool `one` and no hooks."""
+    registry = ToolRegistry(max_workers=WORKERS)
     registry.register(Tool("one", _body))
+    return registry
+
+
+def six_hook_registry() -> ToolRegistry:
+    """The trivial tool `one` (timeout=30) under six hooks, TimeoutPolicy among them."""
+    registry = ToolRegistry(max_workers=WORKERS)
+    registry.register(Tool("one", _body, timeout=TOOL_TIMEOUT))
     registry.add_pre_execute(lambda call, token: Allow())
     registry.add_guard(lambda call: None)
-    registry.add_around(_wrapper)
+    registry.add_around(TimeoutPolicy())
     registry.add_around(_wrapper)
     registry.add_post_execute(lambda result, token: None)
     registry.on_result(lambda result: None)
     return registry
 
 
-def _sequential(call: Callable[[], object]) -> Callable[[], float]:
-    def measure(calls: int) -> float:
-        def work(n: int) -> None:
-            for _ in range(n):
-                call()
+def _sequential(call: Callable[[], object], calls: int) -> Callable[[], float]:
+    def work(n: int) -> None:
+        for _ in range(n):
+            call()
 
-        return timed_once(work, calls) / calls
-
-    return lambda: measure(_SIZES.calls)
+    return lambda: timed_once(work, calls) / calls
 
 
-def _threaded(call: Callable[[], object], threads: int = 8) -> Callable[[], float]:
+def _threaded(call: Callable[[], object], calls: int) -> Callable[[], float]:
+    """Seconds per call, wall time, with `THREADS` caller threads sharing `calls` calls."""
+
     def measure() -> float:
-        per_thread = _SIZES.calls // threads
-        barrier = threading.Barrier(threads + 1)
+        per_thread = calls // THREADS
+        barrier = threading.Barrier(THREADS + 1)
 
-        def worker() -> None:
-            barrier.wait()
-            for _ in range(per_thread):
-                call()
-            barrier.wait()
+        def caller() -> None:
+            with _regime.caller():
+                barrier.wait()
+                for _ in range(per_thread):
+                    call()
+                barrier.wait()
 
-        pool = [threading.Thread(target=worker) for _ in range(threads)]
-        for thread in pool:
+        threads = [threading.Thread(target=caller, name="bench-caller") for _ in range(THREADS)]
+        for thread in threads:
             thread.start()
 
         def work(_: int) -> None:
@@ -99,9 +123,9 @@ def _threaded(call: Callable[[], object], threads: int = 8) -> Callable[[], floa
             barrier.wait()
 
         elapsed = timed_once(work, 1)
-        for thread in pool:
+        for thread in threads:
             thread.join()
-        return elapsed / (per_thread * threads)
+        return elapsed / (per_thread * THREADS)
 
     return measure
 
@@ -120,93 +144,69 @@ def _langchain() -> Callable[[], object] | None:
     return lambda: peer.invoke({"x": 1})
 
 
-def _growth(calls: int) -> tuple[int, int]:
-    """Traced bytes grown over `calls` calls on one caller token, and what the token holds."""
-    with ToolRegistry(max_workers=2) as registry:
-        registry.register(Tool("one", _body))
-        caller = CancelSource()
-        for _ in range(1000):  # warm caches and pool threads before measuring
-            registry.execute("one", token=caller.token)
-        gc.collect()
-        gc.disable()
-        tracemalloc.start()
-        try:
-            before = tracemalloc.get_traced_memory()[0]
-            for _ in range(calls):
-                registry.execute("one", token=caller.token)
-            grown = tracemalloc.get_traced_memory()[0] - before
-        finally:
-            tracemalloc.stop()
-            gc.enable()
-        held = len(caller.token._listeners or ()) + len(caller.token._children or ())
-        return grown, held
-
-
-_SIZES = QUICK
-
-
 def run(quick: bool) -> list[Row]:
-    global _SIZES
-    _SIZES = QUICK if quick else FULL
-    workers = 8
-    raw_pool = ThreadPoolExecutor(workers)
-    plain = ToolRegistry(max_workers=workers)
-    plain.register(Tool("one", _body))
-    full = _full_registry(workers)
+    sizes = QUICK if quick else FULL
+    with _regime.worker_side():
+        raw_pool = ThreadPoolExecutor(WORKERS)
+        lean_pool = WorkerPool(WORKERS)
+        plain = plain_registry()
+        six = six_hook_registry()
+        start_executor_workers(raw_pool, WORKERS)
+        start_executor_workers(lean_pool, WORKERS)
+        start_registry_workers(plain, WORKERS)
+        start_registry_workers(six, WORKERS)
     try:
+        n = sizes.calls
         variants: dict[str, Callable[[], float]] = {
-            "raw": _sequential(lambda: raw_pool.submit(_one).result()),
-            "plain": _sequential(lambda: plain.execute("one")),
-            "full": _sequential(lambda: full.execute("one")),
-            "raw x8": _threaded(lambda: raw_pool.submit(_one).result()),
-            "plain x8": _threaded(lambda: plain.execute("one")),
+            "raw": _sequential(lambda: raw_pool.submit(_one).result(), n),
+            "lean": _sequential(lambda: lean_pool.submit(_one).result(), n),
+            "plain": _sequential(lambda: plain.execute("one"), n),
+            "six": _sequential(lambda: six.execute("one"), n),
+            "raw x8": _threaded(lambda: raw_pool.submit(_one).result(), n),
+            "plain x8": _threaded(lambda: plain.execute("one"), n),
         }
         peer = _langchain()
         if peer is not None:
-            variants["langchain"] = _sequential(peer)
-        figures = interleaved(variants, _SIZES.repeats)
+            variants["langchain"] = _sequential(peer, n // 4)
+        m = interleaved(variants, sizes.repeats)
     finally:
         plain.close()
-        full.close()
+        six.close()
         raw_pool.shutdown()
-    return _rows(figures)
-
-
-def _rows(figures: dict[str, float]) -> list[Row]:
-    raw, raw8 = figures["raw"], figures["raw x8"]
+        lean_pool.shutdown()
     rows = [
-        Row("pool.submit(fn).result() (baseline)", format_time(raw)),
-        _row("execute, no hooks", figures["plain"], raw, NO_HOOKS_TARGET),
-        _row("execute, pre+guard+2 wrappers+post+observer", figures["full"], raw, FULL_TARGET),
+        Row("ThreadPoolExecutor(8): submit(fn).result() (baseline)", format_time(m["raw"])),
+        Row("WorkerPool(8): submit(fn).result()", format_time(m["lean"]), ratio_of(m, "lean")),
+        judged("execute, no hooks", format_time(m["plain"]), m.ratio("plain", "raw"), NO_HOOKS),
+        judged(
+            "execute, six hooks incl. TimeoutPolicy",
+            format_time(m["six"]),
+            m.ratio("six", "raw"),
+            SIX_HOOKS,
+        ),
     ]
-    if "langchain" in figures:
-        rows.append(
-            Row(
-                "langchain @tool(...).invoke (peer)",
-                format_time(figures["langchain"]),
-                ratio(figures["langchain"], raw),
-            )
-        )
-    rows.append(Row("raw pool, 8 threads (baseline)", format_time(raw8)))
-    rows.append(_row("execute, 8 threads", figures["plain x8"], raw8, THROUGHPUT_TARGET))
-    grown, held = _growth(_SIZES.memory_calls)
-    flat = held == 0 and grown < 64 * 1024
+    if "langchain" in m:
+        figure = format_time(m["langchain"])
+        rows.append(Row("langchain @tool(...).invoke (peer)", figure, ratio_of(m, "langchain")))
+    rows.append(Row("8 threads: ThreadPoolExecutor(8) hop (baseline)", format_time(m["raw x8"])))
     rows.append(
-        Row(
-            f"memory growth, {_SIZES.memory_calls:,} calls on one caller token",
-            f"{grown / 1024:.1f} KiB, {held} held",
-            target="flat, 0 held",
-            verdict="PASS" if flat else "MISS",
+        judged(
+            "8 threads: execute, wall time",
+            format_time(m["plain x8"]),
+            m.ratio("plain x8", "raw x8"),
+            THREADED,
         )
     )
     return rows
 
 
-def _row(name: str, value: float, baseline: float, target: float) -> Row:
-    return Row(
-        name,
-        format_time(value),
-        ratio(value, baseline),
-        f"<= {target:.2f}x",
-        verdict(value / baseline, target),
-    )
+def ratio_of(m: Any, name: str) -> str:
+    return f"{m.ratio(name, 'raw'):.2f}x"
+
+
+if __name__ == "__main__":
+    import sys
+
+    from .__main__ import main
+
+    sys.exit(main(["--only", "registry", *sys.argv[1:]]))
