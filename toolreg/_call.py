@@ -152,6 +152,7 @@ class CallState:
         entered: float,
         inline: bool,
         progress: ProgressSink | None,
+        wall: float | None = None,
     ) -> None:
         #: The call: as given until the entry checks passed (`admit`), then as executed, with
         #: frozen arguments.
@@ -169,7 +170,8 @@ class CallState:
         self.token = child_token(caller)
         #: Entry time: `time.monotonic()`, and the wall clock (`time.time()`) read with it.
         self.entered = entered
-        self.wall = time.time() - (time.monotonic() - entered)  # the same moment, on the wall
+        # The same moment on the wall clock: read next to `entered`, or derived from it.
+        self.wall = time.time() - (time.monotonic() - entered) if wall is None else wall
         #: The stage thread's ident, and whether bodies run on it (`mode.inline`, or it is a
         #: worker already running a body of this registry).
         self.thread = threading.get_ident()

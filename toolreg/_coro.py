@@ -31,6 +31,7 @@ class CoroutineRunner:
         self._lock = threading.Lock()  # guards _loop, _thread, _closed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self.loop_ident: int | None = None  # the loop thread's ident once it runs (a plain read)
         self._closed = False
 
     def run(self, make: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken) -> Any:
@@ -80,12 +81,12 @@ class CoroutineRunner:
                 )
                 self._loop, self._thread = loop, thread
                 thread.start()
+                self.loop_ident = thread.ident
             return self._loop
 
     def is_loop_thread(self, ident: int) -> bool:
         """Whether `ident` is this runner's loop thread (where async bodies run)."""
-        thread = self._thread
-        return thread is not None and thread.ident == ident
+        return ident == self.loop_ident
 
     def after_fork(self) -> CoroutineRunner:
         """In a forked child: a new runner (the loop's thread did not survive the fork)."""
@@ -97,6 +98,7 @@ class CoroutineRunner:
             self._closed = True
             loop, thread = self._loop, self._thread
             self._loop = self._thread = None
+            self.loop_ident = None
         if loop is None or thread is None:
             return
         loop.call_soon_threadsafe(loop.stop)

@@ -138,10 +138,17 @@ class Dispatcher:
         name and nothing else has seen it.
         """
         entered = time.monotonic()
+        wall = time.time()
         ident = get_ident()
-        inline = mode.inline or ident in self._pool_threads or self.on_body_thread(ident)
+        # Already on a thread running one of our bodies: run this call's body right here.
+        inline = (
+            mode.inline
+            or ident in self._pool_threads
+            or ident in self._foreign_threads
+            or ident == self._coroutines.loop_ident
+        )
         hooks = self._hooks.current
-        state = CallState(call, hooks, caller, mode, entered, inline, progress)
+        state = CallState(call, hooks, caller, mode, entered, inline, progress, wall)
         if owns_call:
             state.owns_call = True
         # Admission, inline: this runs for every call.
@@ -265,10 +272,11 @@ class Dispatcher:
 
     def on_body_thread(self, ident: int) -> bool:
         """Whether thread `ident` is running one of our bodies (so a call there runs inline)."""
-        pool = self._pool
-        if pool is not None and pool._is_worker(ident):
-            return True
-        return ident in self._foreign_threads or self._coroutines.is_loop_thread(ident)
+        return (
+            ident in self._pool_threads
+            or ident in self._foreign_threads
+            or ident == self._coroutines.loop_ident
+        )
 
     def inside(self, ident: int | None = None) -> bool:
         """Whether thread `ident` (default: this one) is inside one of our calls."""
