@@ -797,33 +797,51 @@ _EAGER_AFTER = 32  # a lazy ancestry this deep is made eager on read, so reads s
 
 
 def _resolve(token: CancelToken) -> bool:
-    """Is a lazy `token` cancelled by now? If so, mark it (and its lazy ancestors) and say True.
+    """Is a lazy `token` cancelled by now? If so, mark it and say True.
 
-    The first cause wins, by when it happened: a parent's cancellation (at that parent's
-    `_cancelled_at`) or the token's own due time. Marking is the ordinary `_cancel`, so two
-    threads resolving at once agree (the first mark wins) and a callback registered meanwhile
-    still runs exactly once.
+    The first cause wins, by when it happened: an ancestor's cancellation (at its
+    `_cancelled_at`) or a due time on the way up (its own, or a lazy ancestor's). Marking is the
+    ordinary `_cancel`, so two threads resolving at once agree (the first mark wins) and a
+    callback registered meanwhile still runs exactly once. A chain of single-parent links (a
+    call's token under its caller's, a deadline under that) is walked in a plain loop; anything
+    else goes to `_resolve_graph`.
     """
-    pending, due = token._pending, token._due
-    if pending is None:
-        if due is None:
-            return token._cancelled
-        if _now() < due:  # a deadline of its own, not due yet
-            return False
-        return _time_out(token, due)
-    if len(pending) == 1:
-        parent = pending[0]
-        if parent._pending is None and parent._due is None:  # one eager parent: the common case
-            if parent._cancelled:
-                at = parent._cancelled_at
-                if due is not None and due < at:
-                    return _time_out(token, due)  # its own due time came first
-                _cancel(token, parent._reason, at=at)
-                return True
-            if due is None or _now() < due:
-                return False
-            return _time_out(token, due)
-    return _resolve_graph(token)
+    now: float | None = None
+    first_at: float | None = None
+    first: CancelToken | None = None  # whose cancellation or due time came first
+    node = token
+    for _ in range(_EAGER_AFTER):
+        if node._cancelled:  # an ancestor cancelled (or this one, concurrently): a moment
+            at = node._cancelled_at
+            if first_at is None or at < first_at:
+                first_at, first = at, node
+            break
+        due = node._due
+        if due is not None:
+            if now is None:
+                now = _now()
+            if due <= now and (first_at is None or due < first_at):
+                first_at, first = due, node
+        pending = node._pending
+        if pending is None:
+            break  # eager and live (pushes reach it), or a root: nothing further up
+        if len(pending) != 1 or node._linking:
+            return _resolve_graph(token)
+        node = pending[0]
+    else:
+        return _resolve_graph(token)  # a long chain: the graph walk also makes it eager
+    if first is None or first_at is None:
+        return False
+    if first._cancelled:
+        _cancel(token, first._reason, from_timer=first is token and first._timed_out, at=first_at)
+        return True
+    if first is token:
+        return _time_out(token, first_at)
+    why = first._due_reason
+    if why is None:  # that ancestor became eager meanwhile: ask again, the slow way
+        return _resolve_graph(token)
+    _cancel(token, TimeoutReason(*why), at=first_at)  # an ancestor's deadline: inherited
+    return True
 
 
 def _time_out(token: CancelToken, due: float) -> bool:
@@ -912,8 +930,6 @@ def _materialize(token: CancelToken) -> None:
                 stack.append((parent, False))
     for node in order:
         node._make_eager()
-
-
 
 
 # Runs the callbacks of fired deadlines; its threads start with the timer's, never on it.
