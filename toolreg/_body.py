@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from ._cancel import CancelSource, CancelToken, Registration, deadline
 from ._claim import Claim
 from ._errors import ContextSettledError
+from ._interrupts import MAIN_THREAD_SLICE, wait_until
 from ._interrupts import main_ident as _main_ident
-from ._interrupts import wait_until
 from ._progress import check_progress
 from ._results import ToolCall, ToolResult
 from ._traces import notify_traces, run_inside
@@ -121,7 +121,6 @@ class ToolContext(Claim):
     # A runner joins on the stage thread and reports interrupts there; cleared on settling (it
     # refers to the call's state, which refers to this context).
     _interrupt: Callable[[BaseException], None] | None = None
-
 
     call: ToolCall
     token: CancelToken
@@ -346,12 +345,24 @@ def run_body(
             if ctx._claim_back():
                 return f"the executor refused the body: {exc}"
             raise
-        listener, wake_at = _listen(state, ctx)
-        if wake_at is None and get_ident() != _main_ident():
-            done = ctx._done  # no signal can land off the main thread: block until settled
-            while not ctx._settled:
+        listener, due = _listen(state, ctx)
+        done = ctx._done
+        main = get_ident() == _main_ident()
+        if due is None and not main:
+            while not ctx._settled:  # no signal lands off the main thread: block until settled
                 done.acquire()
         elif not ctx._settled:
+            # One wait first, without the helper's machinery: most bodies settle within it.
+            timeout = MAIN_THREAD_SLICE if main else -1.0
+            if due is not None:
+                left = max(0.0, due - time.monotonic())
+                timeout = left if timeout < 0 else min(timeout, left)
+            try:
+                done.acquire(True, timeout)
+            except BaseException as exc:  # asynchronous (a signal handler): cancel, go on
+                _interrupt_join(ctx, interrupted, exc)
+        if not ctx._settled:
+            wake_at = None if due is None else functools.partial(_due, due)
             wait_until(
                 ctx._is_settled,
                 functools.partial(ctx._done.acquire, True),
@@ -379,9 +390,7 @@ def _interrupt_join(
     ctx._claim_back()
 
 
-def _listen(
-    state: CallState, ctx: ToolContext
-) -> tuple[Registration | None, Callable[[], float | None] | None]:
+def _listen(state: CallState, ctx: ToolContext) -> tuple[Registration | None, float | None]:
     """After the hand-off: who wakes the joiner if the body is cancelled before it starts.
 
     The body's token is the call's own token, or a lazy deadline below it (TimeoutPolicy): then
@@ -397,9 +406,7 @@ def _listen(
     listener = None
     if state.live and caller is not _NEVER:
         listener = caller.on_cancel(functools.partial(_caller_cancelled, state))
-    if due is None:
-        return listener, None
-    return listener, functools.partial(_due, due)
+    return listener, due
 
 
 def _due(due: float) -> float:
@@ -418,6 +425,4 @@ def as_call(call_or_name: object, arguments: Mapping[str, Any] | None) -> ToolCa
         return call_or_name
     if isinstance(call_or_name, str):
         return ToolCall(call_or_name, arguments)
-    raise TypeError(
-        f"execute() takes a ToolCall or a tool name, got {type(call_or_name).__name__}"
-    )
+    raise TypeError(f"execute() takes a ToolCall or a tool name, got {type(call_or_name).__name__}")
