@@ -1099,6 +1099,43 @@ def test_nested_deadlines_with_different_codes() -> None:
         outer.close()
 
 
+def test_a_lazy_chain_read_takes_the_due_time_that_came_first_anywhere_up_the_chain(
+    clock: ManualClock,
+) -> None:
+    # Nothing listens, so every link stays lazy: the read walks the chain and must pick the
+    # earliest cause by when it happened, not by how near it is to the reader.
+    outer = deadline(None, 5.0, code="TURN_TIMEOUT")
+    inner = deadline(outer.token, 10.0, code="TOOL_TIMEOUT")
+    leaf = CancelSource(inner.token)
+    clock.advance(6.0)
+    assert timeout_of(leaf.token) == TimeoutReason("TURN_TIMEOUT", 5.0)
+    assert timeout_of(inner.token) == TimeoutReason("TURN_TIMEOUT", 5.0)
+    assert not inner.timed_out
+
+    outer = deadline(None, 10.0, code="TURN_TIMEOUT")
+    inner = deadline(outer.token, 5.0, code="TOOL_TIMEOUT")
+    leaf = CancelSource(inner.token)
+    clock.advance(12.0)  # both are past due when first read: the inner one came first
+    assert timeout_of(leaf.token) == TimeoutReason("TOOL_TIMEOUT", 5.0)
+
+
+@pytest.mark.parametrize("cancel_at", [1.0, 3.0])
+def test_a_lazy_read_weighs_an_ancestors_cancel_against_its_own_due_time(
+    clock: ManualClock, cancel_at: float
+) -> None:
+    root = CancelSource()
+    own = deadline(root.token, 2.0, code="TOOL_TIMEOUT")
+    leaf = CancelSource(own.token)
+    clock.advance(cancel_at)
+    root.cancel("by hand")
+    clock.advance(4.0 - cancel_at)
+    if cancel_at < 2.0:
+        assert leaf.token.reason == "by hand" and not own.timed_out
+    else:
+        assert timeout_of(leaf.token) == TimeoutReason("TOOL_TIMEOUT", 2.0)
+        assert own.timed_out
+
+
 def test_timeout_of_tokens_and_reasons() -> None:
     reason = TimeoutReason("TOOL_TIMEOUT", 2.5)
     assert timeout_of(reason) is reason

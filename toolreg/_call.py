@@ -142,7 +142,6 @@ class CallState:
     #: place instead of copying it.
     owns_call = False
 
-
     def __init__(
         self,
         call: ToolCall,
@@ -259,4 +258,3 @@ class CallState:
 
     def __repr__(self) -> str:
         return f"<CallState {self.call.name!r} call_id={self.call.call_id!r} stage={self.stage}>"
-

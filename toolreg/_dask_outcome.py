@@ -203,4 +203,3 @@ def load_reason(blob: bytes | None) -> object:
         return cloudpickle.loads(blob)
     except Exception as exc:
         return f"<a cancellation reason that could not be unpickled: {describe(exc)}>"
-

@@ -284,9 +284,7 @@ class Dispatcher:
             ident = threading.get_ident()
         if self.on_body_thread(ident):
             return True
-        return any(
-            getattr(entry, "thread", None) == ident for entry in list(self._calls.values())
-        )
+        return any(getattr(entry, "thread", None) == ident for entry in list(self._calls.values()))
 
     # -- admission and the in-flight table ---------------------------------------------------
 

@@ -99,5 +99,3 @@ class ProgressPump:
             except Exception:  # progress is best effort: it must never fail the call
                 logger.exception("toolreg: sending MCP progress failed; no more is sent")
                 return
-
-

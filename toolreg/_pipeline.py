@@ -271,9 +271,7 @@ def _approve(state: CallState, ask: Ask) -> ToolResult[Any] | None:
         logger.warning("toolreg: the approver raised; denying %s", state.call.call_id, exc_info=exc)
         approved = False
     except BaseException as exc:  # an approver that raises refuses (or was cancelled)
-        logger.warning(
-            "toolreg: the approver raised; denying %s", state.call.call_id, exc_info=exc
-        )
+        logger.warning("toolreg: the approver raised; denying %s", state.call.call_id, exc_info=exc)
         approved = False
     return None if approved is True else _denied(state, ask.reason)
 
@@ -409,9 +407,7 @@ def _body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolRe
     return _body_result(state, ctx, contexts)
 
 
-def _body_result(
-    state: CallState, ctx: ToolContext, contexts: tuple[Any, ...]
-) -> ToolResult[Any]:
+def _body_result(state: CallState, ctx: ToolContext, contexts: tuple[Any, ...]) -> ToolResult[Any]:
     if not ctx._started:
         return _aborted(state)
     state.dispatched = True
@@ -533,9 +529,7 @@ def _hook_failure(
     return result
 
 
-def _raised(
-    state: CallState, what: str, exc: BaseException, token: CancelToken
-) -> ToolResult[Any]:
+def _raised(state: CallState, what: str, exc: BaseException, token: CancelToken) -> ToolResult[Any]:
     """The result of a hook or wrapper that raised `exc`."""
     if _is_cancellation(state, exc, token):
         return _aborted(state)

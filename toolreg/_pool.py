@@ -312,9 +312,7 @@ class _FutureItem:
 
     __slots__ = ("args", "fn", "future", "kwargs")
 
-    def __init__(
-        self, future: Future[Any], fn: Callable[..., Any], args: Any, kwargs: Any
-    ) -> None:
+    def __init__(self, future: Future[Any], fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
         self.future = future
         self.fn = fn
         self.args = args

@@ -163,8 +163,7 @@ def _compile_object_schema(
         schema = {"type": "object", **schema}
     elif schema["type"] != "object":
         raise ValueError(
-            f"tool {name!r}: the {what} schema's root type must be 'object', "
-            f"got {schema['type']!r}"
+            f"tool {name!r}: the {what} schema's root type must be 'object', got {schema['type']!r}"
         )
     # Imported when a schema is first compiled: it loads urllib and ssl, which `import
     # toolreg` should not pay for.
@@ -426,4 +425,3 @@ def _freeze_sequence(
 
 def _unreadable(value: object, exc: BaseException) -> InvalidArguments:
     return InvalidArguments(f"a {type_name(value)} raised {type_name(exc)} when read")
-
