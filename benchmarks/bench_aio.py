@@ -94,7 +94,7 @@ def _mcp() -> Invoke | None:
         from mcp.server.mcpserver import MCPServer as Server
     except ImportError:
         try:
-            from mcp.server.fastmcp import FastMCP as Server  # type: ignore[no-redef]
+            from mcp.server.fastmcp import FastMCP as Server  # type: ignore[no-redef,attr-defined]
         except ImportError:
             return None
     server = Server("bench")

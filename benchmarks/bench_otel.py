@@ -31,7 +31,7 @@ from typing import Any
 
 from toolreg import ToolRegistry
 
-from ._harness import Row, format_time, interleaved, timed_once, verdict
+from ._harness import Rounds, Row, format_time, interleaved, timed_once, verdict
 
 TARGET = 1.15  # execute instrumented with an SDK tracer, as a multiple of execute without
 TARGET_REMOVED = 1.05  # execute after remove(), as a multiple of a never-instrumented registry
@@ -154,8 +154,8 @@ def _span_alone(count: int) -> float:
         provider.shutdown()
 
 
-def measure(quick: bool) -> dict[str, float]:
-    """Medians: seconds per call or span, and the paired ratios."""
+def measure(quick: bool) -> Rounds:
+    """Per-round samples: seconds per call or span, and the paired ratios."""
     sizes = QUICK if quick else FULL
     n = sizes.calls
     variants: dict[str, Callable[[], float]] = {"execute": partial(_per_call, n, None)}
