@@ -40,11 +40,11 @@ touches the span after it started, and an exporter sees everything when the span
 would anyway. A span the sampler drops is still made current in the body (downstream spans stay
 consistently unsampled), but nothing is recorded on it.
 
-Calls that never started. A batch call (or an awaited call) that a cancellation left unstarted
-reaches the observers but not the call hooks, so it is traced from its result, by an
-`on_result` observer: its span covers the result's own timeline and is a child of the span
-current where the result is observed (the batch caller's, for `execute_batch`; none, for an
-awaited call claimed back before a worker took it, whose result is made on a helper thread).
+Calls that never started. A batch or awaited call that a cancellation left unstarted goes
+through the call hooks like any other, so its span is a child of the span current where it was
+entered (the batch caller's, or the awaiting task's) and has no body scope. An `on_result`
+observer stays installed as a fallback: a result that reaches the observers without a trace
+having ended it is traced from its own timeline.
 
 Example::
 
