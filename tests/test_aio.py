@@ -479,11 +479,12 @@ def test_async_with_stops_the_facades_threads_and_the_owner_closes_the_registry(
 
 def test_event_loop_stays_responsive_while_hooks_and_bodies_block() -> None:
     with open_registry(max_workers=8) as registry:
+        # Blocking work, simulated: hooks and bodies that hold their thread for 20 ms each.
         registry.add_pre_execute(lambda call, token: time.sleep(0.02))
 
         @registry.tool
         def work(args: Any, ctx: Any) -> int:
-            time.sleep(0.02)
+            time.sleep(0.02)  # simulated blocking work, as above
             return int(args["i"])
 
         async def main() -> tuple[float, float]:

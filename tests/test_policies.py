@@ -1027,8 +1027,13 @@ def ctrl_c_pressed_when(event: threading.Event) -> Iterator[None]:
     assert main is not None
     handled = threading.Event()
     done = threading.Event()
+    sent = [0]  # presses made (the presser writes it)
+    seen = [0]  # presses handled (`once`, on the main thread, writes it)
+    caught_up = threading.Event()  # set by `once` at each press it handles
 
     def once(signum: int, frame: object) -> None:
+        seen[0] += 1
+        caught_up.set()
         if not handled.is_set():
             handled.set()
             raise KeyboardInterrupt
@@ -1037,6 +1042,7 @@ def ctrl_c_pressed_when(event: threading.Event) -> Iterator[None]:
         if not event.wait(WAIT):
             return
         while not (handled.is_set() or done.is_set()):
+            sent[0] += 1
             signal.pthread_kill(main, signal.SIGINT)
             handled.wait(0.05)
 
@@ -1047,7 +1053,13 @@ def ctrl_c_pressed_when(event: threading.Event) -> Iterator[None]:
     finally:
         done.set()
         presser.join()
-        time.sleep(0)  # a press that crossed `handled` is handled here, by `once`
+        # A press made just before `handled` was set may not be handled yet: let `once` take it
+        # before the previous handler is back. Short waits, because a SIGINT can miss a wait
+        # that is just starting (see above); each ends by running the pending handler.
+        while seen[0] < sent[0]:
+            caught_up.clear()
+            if seen[0] < sent[0]:
+                caught_up.wait(0.05)
         signal.signal(signal.SIGINT, previous)
 
 

@@ -115,20 +115,21 @@ def echo(args: Any, ctx: ToolContext) -> Any:
 # -- 1. fork ------------------------------------------------------------------------------------
 
 _FORK_PRELUDE = """
-    import os, sys, time
+    import os, select, sys, time
     from concurrent.futures import ThreadPoolExecutor
     from toolreg import Tool, ToolRegistry
 
     def wait_for_child(pid):
-        give_up = time.monotonic() + 10
-        while time.monotonic() < give_up:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return os.waitstatus_to_exitcode(status)
-            time.sleep(0.02)  # polls the child's state; orders nothing
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        return "hung"
+        fd = os.pidfd_open(pid)  # readable once the child has exited
+        try:
+            exited = select.select([fd], [], [], 10)[0]
+        finally:
+            os.close(fd)
+        if not exited:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            return "hung"
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 """
 
 
@@ -1145,7 +1146,7 @@ def test_a_job_that_raises_is_logged_and_the_workers_go_on(
 def test_callback_threads_never_keep_the_interpreter_alive_and_survive_fork() -> None:
     result = run_python(
         """
-        import os, sys, threading, time, warnings
+        import os, select, sys, threading, time, warnings
         from toolreg import deadline
 
         # In a forked child, deadlines fire and their callbacks run on fresh threads.
@@ -1161,17 +1162,13 @@ def test_callback_threads_never_keep_the_interpreter_alive_and_survive_fork() ->
             budget = deadline(None, 0.001)
             budget.token.on_cancel(child_ran.set)
             os._exit(0 if child_ran.wait(10) else 1)
-        give_up = time.monotonic() + 15
-        while time.monotonic() < give_up:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.02)  # polls the child's state; orders nothing
-        else:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            status = 256
-        print("child", os.waitstatus_to_exitcode(status), flush=True)
+        pidfd = os.pidfd_open(pid)  # readable once the child has exited
+        exited = select.select([pidfd], [], [], 15)[0]
+        os.close(pidfd)
+        if not exited:
+            os.kill(pid, 9)  # hung: reap it and say so
+        status = os.waitpid(pid, 0)[1]
+        print("child", os.waitstatus_to_exitcode(status) if exited else "hung", flush=True)
 
         # A callback that blocks forever does not keep the interpreter from exiting.
         stuck = deadline(None, 0.001)
