@@ -62,6 +62,7 @@ from toolreg import (
 )
 from toolreg._body import ToolContext as BodyRun
 from toolreg._cancel import _TIMER, manual_clock
+from toolreg._interrupts import MAIN_THREAD_SLICE, MAX_WAIT, slice_for
 from toolreg._timer import ManualClock
 
 SHORT = 0.1  # a tool timeout that is meant to fire
@@ -487,14 +488,60 @@ def test_uncooperative_body_is_joined_before_tool_timeout_is_returned(
     registry.on_result(lambda result: journal(("observer", result.code)))
     add_tool(registry, body, timeout=SHORT)
 
+    began = time.thread_time()
     result = registry.execute("t")
     returned = time.monotonic()
 
     assert result.code == TIMEOUT and result.dispatched
+    # Joined by blocking: the manual clock's due time is no monotonic time to wake at.
+    assert time.thread_time() - began < 0.05
     (_, ended), observer = journal.entries
     assert observer == ("observer", TIMEOUT)
     assert ended <= returned
     assert result.duration >= 0.1  # the body's own overrun, after its (manual) deadline
+
+
+def test_a_caller_joining_a_body_past_its_deadline_blocks_without_spinning(
+    registry: ToolRegistry,
+) -> None:
+    # The joiner wakes once at the deadline's due time to cancel the body; after that it must
+    # block until the body returns, not keep waking (it used to spin on a zero timeout).
+    running, release = threading.Event(), threading.Event()
+    tokens: list[CancelToken] = []
+
+    def body(args: Any, ctx: ToolContext) -> str:
+        tokens.append(ctx.token)
+        running.set()
+        release.wait(WAIT)  # ignores its token
+        return "late"
+
+    registry.add_around(TimeoutPolicy())
+    add_tool(registry, body, timeout=0.05)
+    results: list[ToolResult[Any]] = []
+    cpu: list[float] = []
+
+    def call() -> None:
+        began = time.thread_time()
+        results.append(registry.execute("t"))
+        cpu.append(time.thread_time() - began)
+
+    caller = Caller(call, name="joiner")
+    assert running.wait(WAIT)
+    # A read, not a wait: a wait would make the deadline eager and the timer would push it.
+    wait_until(lambda: tokens[0].cancelled, "the deadline to pass")
+    threading.Event().wait(0.3)  # a window to measure the joiner's CPU in; orders nothing
+    release.set()
+    caller.join()
+    assert results[0].code == TIMEOUT
+    assert cpu[0] < 0.1  # spinning for the 0.3 s window took about all of it
+
+
+def test_a_wait_slice_never_exceeds_what_lock_acquire_accepts() -> None:
+    far = time.monotonic() + 1e10  # a valid tool timeout, far beyond threading.TIMEOUT_MAX
+    assert slice_for(False, far) == MAX_WAIT <= threading.TIMEOUT_MAX
+    assert slice_for(True, far) == MAIN_THREAD_SLICE
+    assert slice_for(False, None) == -1.0
+    assert slice_for(False, time.monotonic() - 1.0) == 0.0
 
 
 def test_success_materialized_before_the_deadline_stays_a_success(

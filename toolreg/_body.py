@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from ._cancel import CancelSource, CancelToken, Registration, deadline
 from ._claim import Claim
 from ._errors import ContextSettledError
-from ._interrupts import MAIN_THREAD_SLICE, wait_until
 from ._interrupts import main_ident as _main_ident
+from ._interrupts import slice_for, wait_until
 from ._progress import check_progress
 from ._results import ToolCall, ToolResult
 from ._traces import notify_traces, run_inside
@@ -353,12 +353,8 @@ def run_body(
                 done.acquire()
         elif not ctx._settled:
             # One wait first, without the helper's machinery: most bodies settle within it.
-            timeout = MAIN_THREAD_SLICE if main else -1.0
-            if due is not None:
-                left = max(0.0, due - time.monotonic())
-                timeout = left if timeout < 0 else min(timeout, left)
             try:
-                done.acquire(True, timeout)
+                done.acquire(True, slice_for(main, due))
             except BaseException as exc:  # asynchronous (a signal handler): cancel, go on
                 _interrupt_join(ctx, interrupted, exc)
         if not ctx._settled:

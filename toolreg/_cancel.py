@@ -364,8 +364,11 @@ class CancelToken:
 
         The path must be single-parent lazy links ending at `ancestor`: then None (no due time
         on it) or the earliest due time. Anything else (an eager token on the way, a fused
-        one, another root): False.
+        one, another root): False. Always False under `manual_clock()`: its due times are not
+        monotonic times a joiner could wait for, so it listens and the manual timer pushes.
         """
+        if _now is not time.monotonic:
+            return False
         node: CancelToken = self
         due: float | None = None
         for _ in range(_DESCENT_LIMIT):
@@ -943,9 +946,11 @@ def manual_clock() -> Iterator[ManualClock]:
 
     Inside, every due time and cancellation moment is read from the clock, and deadlines made
     eager (a listener, a wait) are scheduled on a timer that `advance()` serves in the calling
-    thread; lazy ones read as cancelled once the clock passes their due time. Deadlines made
-    before keep the real timer; callbacks of fired deadlines still run on the
-    ``toolreg-callbacks`` threads, as in production.
+    thread; lazy ones read as cancelled once the clock passes their due time. Callbacks of fired
+    deadlines still run on the ``toolreg-callbacks`` threads, as in production. The block owns
+    its deadlines: make them inside it and do not use them after it (a deadline made before it
+    is read against the manual clock meanwhile, and one made inside against the real clock
+    after it).
     """
     global _TIMER, _now
     clock = ManualClock()

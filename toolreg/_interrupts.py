@@ -43,14 +43,17 @@ from types import FrameType
 __all__ = [
     "INTERRUPTS",
     "MAIN_THREAD_SLICE",
+    "MAX_WAIT",
     "SigintRequest",
     "deferred_sigint",
     "main_ident",
+    "slice_for",
     "wait_until",
 ]
 
 INTERRUPTS = (KeyboardInterrupt, SystemExit)  # raised by user code: an interrupt, not a failure
 MAIN_THREAD_SLICE = 0.1  # seconds; bounds how late a signal is handled while the main thread waits
+MAX_WAIT = 3600.0  # seconds; a longer timed wait is made in pieces (Lock.acquire overflows)
 
 
 def main_ident() -> int | None:
@@ -70,21 +73,34 @@ def wait_until(
     `wait(timeout)` blocks at most `timeout` seconds, or without limit for -1 (like
     `Lock.acquire`). Any exception raised while waiting goes to `interrupted(exc)` (which
     cancels what is waited for) and the wait goes on. `wake_at()` is a monotonic time at which
-    to call `woke()` (say, a deadline that nothing pushes), or None.
+    to call `woke()` once (say, a deadline that nothing pushes), or None.
     """
     main = threading.current_thread() is threading.main_thread()
-    while not done():
-        timeout = MAIN_THREAD_SLICE if main else -1.0
-        due = None if wake_at is None else wake_at()
-        if due is not None:
-            left = max(0.0, due - time.monotonic())
-            timeout = left if timeout < 0 else min(timeout, left)
+    while True:
+        due: float | None = None
         try:
-            wait(timeout)
-            if due is not None and woke is not None and time.monotonic() >= due:
-                woke()
-        except BaseException as exc:  # asynchronous: nothing else runs on this line
+            if done():
+                return
+            if wake_at is not None:
+                due = wake_at()
+            wait(slice_for(main, due))
+        except BaseException as exc:  # asynchronous (a signal handler): cancel, wait on
             interrupted(exc)
+            continue
+        if due is not None and time.monotonic() >= due:
+            wake_at = None  # once: after it, the woken party reaches us like any canceller
+            if woke is not None:
+                woke()
+
+
+def slice_for(main: bool, due: float | None) -> float:
+    """How long one wait may block: until `due` (a monotonic time) if given, at most
+    `MAX_WAIT`, and `MAIN_THREAD_SLICE` on the main thread; -1 for no limit."""
+    timeout = MAIN_THREAD_SLICE if main else -1.0
+    if due is not None:
+        left = min(max(0.0, due - time.monotonic()), MAX_WAIT)
+        timeout = left if timeout < 0 else min(timeout, left)
+    return timeout
 
 
 class SigintRequest:

@@ -21,6 +21,7 @@ from types import FrameType
 from typing import IO
 
 from ._cancel import CancelToken
+from ._interrupts import MAX_WAIT
 
 _logger = logging.getLogger("toolreg")
 
@@ -28,7 +29,6 @@ _READ_SIZE = 65536
 # After SIGKILL every group member dies within milliseconds; a pipe still open after this long
 # is held by a process outside the group, and waiting for it could take forever.
 _DRAIN_AFTER_KILL = 0.5
-_MAX_SELECT_WAIT = 3600.0  # seconds; a far `timeout` is waited for in slices this long
 # poll(2) needs no file descriptor of its own, unlike epoll: one fewer fd to leak or exhaust.
 _Selector: type[selectors.BaseSelector] = (
     selectors.PollSelector if hasattr(selectors, "PollSelector") else selectors.SelectSelector
@@ -164,8 +164,8 @@ class _Supervision:
         while not done():
             wait = None if until is None else until - time.monotonic()
             expired = wait is not None and wait <= 0
-            if wait is not None and wait > _MAX_SELECT_WAIT:
-                wait = _MAX_SELECT_WAIT  # poll() overflows on a timeout of centuries: re-check
+            if wait is not None and wait > MAX_WAIT:
+                wait = MAX_WAIT  # poll() overflows on a timeout of centuries: re-check
             # Past the deadline, still take what is ready: this thread may have been descheduled
             # past it with the output already waiting.
             for key, _ in self._selector.select(0 if expired else wait):

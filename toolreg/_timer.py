@@ -26,6 +26,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ._interrupts import MAX_WAIT
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -34,7 +36,6 @@ __all__ = ["ManualClock", "Timer", "TimerEntry"]
 logger = logging.getLogger("toolreg")
 
 _next_key = itertools.count().__next__  # tie-breaker for equal due times; atomic under the GIL
-_MAX_TIMER_WAIT = 3600.0  # seconds; Condition.wait overflows on very long timeouts
 
 
 class TimerEntry(weakref.ref):  # type: ignore[type-arg]
@@ -191,7 +192,7 @@ class Timer:
                     self._cond.wait()
                     continue
                 delay = heap[0][0] - self._clock()
-                self._cond.wait(min(delay, _MAX_TIMER_WAIT))  # a far deadline: wake and re-check
+                self._cond.wait(min(delay, MAX_WAIT))  # a far deadline: wake and re-check
 
     def _serve(self) -> None:
         while True:
