@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import json
 import os
 import select
+import selectors
 import signal
 import subprocess
 import sys
@@ -25,6 +27,7 @@ from typing import Any
 
 import pytest
 
+import toolreg._process
 from toolreg import (
     CancelSource,
     CancelToken,
@@ -596,6 +599,28 @@ def test_output_that_reached_the_pipe_before_a_kill_is_kept(
         logged = log.read_bytes().split()
         assert result.cancelled and result.signal == signal.SIGTERM
         assert (result.stdout or b"").split()[: len(logged)] == logged
+
+
+def test_output_waiting_at_a_drain_deadline_is_all_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The drain after SIGKILL is bounded; a caller descheduled past that bound may find more
+    # than one read's worth waiting (a writer had filled the pipe). All of it is kept: the
+    # pipe's write end stays open here, as if a process outside the group held it.
+    monkeypatch.setattr(toolreg._process, "_READ_SIZE", 4096)
+    read_end, write_end = os.pipe()
+    supervision = toolreg._process._Supervision(None, 0.0, None, None)
+    try:
+        data = bytes(range(256)) * 80  # 20,480 bytes: five reads' worth
+        os.write(write_end, data)
+        pipe = os.fdopen(read_end, "rb", buffering=0)
+        os.set_blocking(read_end, False)
+        handler = functools.partial(supervision._read, pipe, supervision.stdout)
+        supervision._selector.register(pipe, selectors.EVENT_READ, handler)
+        assert not supervision._pump(lambda: False, time.monotonic() - 1.0)  # already past due
+        assert supervision.stdout.value() == data
+    finally:
+        supervision._selector.close()
+        pipe.close()
+        os.close(write_end)
 
 
 def test_large_input_and_output_at_once_do_not_deadlock(exit_watch: str) -> None:

@@ -26,6 +26,7 @@ from ._interrupts import MAX_WAIT
 _logger = logging.getLogger("toolreg")
 
 _READ_SIZE = 65536
+_READS_PAST_DEADLINE = 64  # rounds of reads at a deadline: several full pipes' worth
 # After SIGKILL every group member dies within milliseconds; a pipe still open after this long
 # is held by a process outside the group, and waiting for it could take forever.
 _DRAIN_AFTER_KILL = 0.5
@@ -166,13 +167,23 @@ class _Supervision:
             expired = wait is not None and wait <= 0
             if wait is not None and wait > MAX_WAIT:
                 wait = MAX_WAIT  # poll() overflows on a timeout of centuries: re-check
-            # Past the deadline, still take what is ready: this thread may have been descheduled
-            # past it with the output already waiting.
-            for key, _ in self._selector.select(0 if expired else wait):
-                key.data()
             if expired:
+                self._take_ready()
                 return done()
+            for key, _ in self._selector.select(wait):
+                key.data()
         return True
+
+    def _take_ready(self) -> None:
+        """Past a deadline, still take what the pipes hold: this thread may have been
+        descheduled past it with output waiting, more than one read's worth (a writer that
+        filled the pipe). Bounded, as a holder outside the group may write without end."""
+        for _ in range(_READS_PAST_DEADLINE):
+            ready = self._selector.select(0)
+            if not ready:
+                return
+            for key, _ in ready:
+                key.data()
 
     def _open_wake_pipe(self) -> None:
         self._wake_r, wake_w = os.pipe()
