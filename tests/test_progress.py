@@ -53,6 +53,67 @@ def test_values_not_greater_than_the_last_are_dropped() -> None:
     assert seen == [1, 2, 3]
 
 
+def test_updates_from_several_threads_reach_the_callback_in_increasing_order() -> None:
+    # The first update (5) is held inside the callback while the body reports 6, then 5.5: the
+    # callback must still see 5 before 6 (the later report waits its turn, without blocking
+    # the body) and never 5.5, and it never runs on two threads at once.
+    seen: list[float] = []
+    inside: list[int] = []
+    overlapped: list[bool] = []
+    entered = threading.Event()
+    release = threading.Event()
+
+    def record(update: ToolProgress) -> None:
+        overlapped.append(bool(inside))
+        inside.append(1)
+        if update.progress == 5:
+            entered.set()
+            assert release.wait(WAIT)
+        seen.append(update.progress)
+        inside.pop()
+
+    with open_registry() as registry:
+
+        @registry.tool
+        def work(args: Args, ctx: ToolContext) -> str:
+            first = threading.Thread(target=ctx.report_progress, args=(5,))
+            first.start()
+            try:
+                assert entered.wait(WAIT)
+                ctx.report_progress(6)  # while 5 is still being delivered
+                ctx.report_progress(5.5)  # not greater than 6: dropped
+            finally:
+                release.set()
+                first.join(WAIT)
+            assert not first.is_alive()
+            return "ok"
+
+        assert registry.execute("work", progress=record).ok
+    assert seen == [5, 6]
+    assert overlapped == [False, False]
+
+
+def test_a_callback_interrupted_by_ctrl_c_does_not_stop_later_updates() -> None:
+    seen: list[float] = []
+
+    def record(update: ToolProgress) -> None:
+        seen.append(update.progress)
+        if update.progress == 1:
+            raise KeyboardInterrupt
+
+    with open_registry() as registry:
+
+        @registry.tool
+        def work(args: Args, ctx: ToolContext) -> str:
+            with pytest.raises(KeyboardInterrupt):
+                ctx.report_progress(1)
+            ctx.report_progress(2)
+            return "ok"
+
+        assert registry.execute("work", progress=record).ok
+    assert seen == [1, 2]
+
+
 def test_progress_keeps_increasing_across_retry_attempts() -> None:
     seen: list[float] = []
     attempts: list[int] = []
