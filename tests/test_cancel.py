@@ -1054,6 +1054,27 @@ def test_deadline_closed_before_it_came_due_never_fires(clock: ManualClock) -> N
     assert not closed.token.cancelled and not closed.timed_out
 
 
+def test_eager_deadline_closed_after_its_due_time_reads_as_timed_out_like_a_lazy_one(
+    clock: ManualClock,
+) -> None:
+    lazy = deadline(None, 1.0)
+    eager = deadline(None, 1.0)
+    not_yet = deadline(None, 3.0)
+    ran = threading.Event()
+    eager.token.on_cancel(ran.set)  # eager: linked, its timer armed
+    not_yet.token.on_cancel(lambda: None)
+    clock._now += 2.0  # white-box: time passes, and the timer has not got to `eager` yet
+    lazy.close()
+    eager.close()
+    not_yet.close()  # closed before its due time: never times out
+    assert lazy.timed_out and eager.timed_out
+    assert eager.token.reason == lazy.token.reason == TimeoutReason("TIMEOUT", 1.0)
+    assert eager.token._cancelled_at == lazy.token._cancelled_at == 1.0  # white-box: at due
+    assert ran.wait(WAIT)  # its callback runs where the timer's would have
+    clock.advance(2.0)
+    assert not not_yet.token.cancelled and not not_yet.timed_out
+
+
 def test_close_after_the_timer_fired_keeps_the_cancellation() -> None:
     budget = deadline(None, 0.01)
     assert budget.token.wait(WAIT)

@@ -474,8 +474,8 @@ class CancelToken:
                 parent._detach(ref)
                 return
 
-    def _arm(self, seconds: float, reason: TimeoutReason) -> None:
-        entry = _TIMER.schedule(self, seconds, reason)
+    def _arm(self, due: float, reason: TimeoutReason) -> None:
+        entry = _TIMER.schedule(self, due, reason)  # the timer's clock is `_now`
         with self._lock:
             if not (self._cancelled or self._closed):
                 self._timer = entry
@@ -496,11 +496,10 @@ class CancelToken:
                 self._link_to(pending)
             if due is not None and why is not None and not self._cancelled:
                 reason = TimeoutReason(*why)
-                remaining = due - _now()
-                if remaining <= 0:
+                if due <= _now():
                     _cancel(self, reason, from_timer=True, at=due)
                 else:
-                    self._arm(remaining, reason)
+                    self._arm(due, reason)
         finally:
             with self._lock:
                 self._pending = self._due = None  # eager now: pushes reach it, the timer fires
@@ -509,6 +508,10 @@ class CancelToken:
     def _close(self) -> None:
         if self._pending is not None or self._due is not None:
             _resolve(self)  # a cause that came before close() counts, as it would have eagerly
+        else:
+            timer = self._timer
+            if timer is not None and not self._cancelled and _now() >= timer.due:
+                _fire_late(self, timer)  # due, and the timer thread has not got to it yet
         with self._lock:
             if self._closed:
                 return
@@ -600,6 +603,22 @@ def _fire(token: CancelToken, reason: TimeoutReason) -> None:
     marked = _mark_tree(token, reason, True, None)
     if marked is not None and marked[0]:
         _CALLBACKS.call_soon(functools.partial(_run_callbacks, marked[0]))
+
+
+def _fire_late(token: CancelToken, entry: TimerEntry) -> None:
+    """`_fire` for a token closed after its due time, before the timer got to it.
+
+    It reads as timed out at its due time, as a lazy deadline would; its callbacks still run
+    where the timer's would (a Ctrl-C that landed while marking is re-raised here).
+    """
+    marked = _mark_tree(token, entry.reason, True, entry.due)
+    if marked is None:
+        return
+    callbacks, interrupted = marked
+    if callbacks:
+        _CALLBACKS.call_soon(functools.partial(_run_callbacks, callbacks))
+    if interrupted is not None:
+        raise interrupted
 
 
 _NOTHING_TO_RUN: tuple[list[_Listener], None] = ([], None)

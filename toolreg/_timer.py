@@ -41,19 +41,21 @@ _next_key = itertools.count().__next__  # tie-breaker for equal due times; atomi
 class TimerEntry(weakref.ref):  # type: ignore[type-arg]
     """A scheduled deadline; holds its token weakly so a dropped source can be collected."""
 
-    __slots__ = ("dead", "reason", "timer")
+    __slots__ = ("dead", "due", "reason", "timer")
     dead: bool  # never re-armed; written without a lock, read by the timer thread
+    due: float  # when it is due, on the timer's clock
     reason: Any  # a TimeoutReason
     timer: Timer
 
-    def __new__(cls, token: Any, reason: Any, timer: Timer) -> Self:
+    def __new__(cls, token: Any, reason: Any, timer: Timer, due: float) -> Self:
         self = weakref.ref.__new__(cls, token, TimerEntry._died)
         self.reason = reason
         self.timer = timer
+        self.due = due
         self.dead = False
         return self
 
-    def __init__(self, token: Any, reason: Any, timer: Timer) -> None:
+    def __init__(self, token: Any, reason: Any, timer: Timer, due: float) -> None:
         # weakref.ref.__init__ takes (object, callback) only; __new__ did the real work.
         super().__init__(token, TimerEntry._died)  # type: ignore[call-arg]
 
@@ -138,9 +140,10 @@ class Timer:
         if heap:
             self._start()
 
-    def schedule(self, token: Any, seconds: float, reason: Any) -> TimerEntry:
-        entry = TimerEntry(token, reason, self)
-        item = (self._clock() + seconds, _next_key(), entry)
+    def schedule(self, token: Any, due: float, reason: Any) -> TimerEntry:
+        """Fire `token` at `due` (on this timer's clock); its entry, which `disarm()` cancels."""
+        entry = TimerEntry(token, reason, self, due)
+        item = (due, _next_key(), entry)
         with self._cond:
             heap = self._heap
             if self.dead_count > 64 and self.dead_count * 2 > len(heap):
