@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import logging
 import math
 import os
@@ -873,6 +874,46 @@ def test_remove_waits_for_the_callback_running_on_another_thread() -> None:
     canceller.join(WAIT)
     assert results == [False]
     assert finished == ["callback done"]
+
+
+def test_an_interrupt_landing_as_a_callback_starts_never_leaves_remove_waiting() -> None:
+    # A Ctrl-C (any asynchronous exception) can land on any line the cancelling thread runs.
+    # Injected with a line tracer, deterministically, on the line that picks up the callback
+    # right after the listener was marked running: `remove()` on another thread must not wait
+    # for a callback that will never run.
+    run = _cancel._Listener._run
+    lines, first = inspect.getsourcelines(run)
+    target = [first + i for i, line in enumerate(lines) if line.strip() == "fn = self._fn"]
+    assert len(target) == 1
+    injected: list[int] = []
+
+    def local(frame: Any, event: str, arg: object) -> Any:
+        if event == "line" and frame.f_lineno == target[0] and not injected:
+            injected.append(frame.f_lineno)
+            raise KeyboardInterrupt("landed as the callback starts")
+        return local
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        return local if frame.f_code is run.__code__ else None
+
+    src = CancelSource()
+    ran: list[str] = []
+    registration = src.token.on_cancel(lambda: ran.append("ran"))
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            src.cancel("x")
+    finally:
+        sys.settrace(previous)
+    assert injected and ran == []
+    results: list[bool] = []
+    # A daemon: with the bug it would wait forever.
+    remover = threading.Thread(target=lambda: results.append(registration.remove()), daemon=True)
+    remover.start()
+    remover.join(WAIT)
+    assert not remover.is_alive(), "remove() waits for a callback that will never run"
+    assert results == [False]
 
 
 # -- depth and width ----------------------------------------------------------------------------

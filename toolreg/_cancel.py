@@ -178,26 +178,35 @@ class _Listener(Registration):
     def _run(self) -> None:
         token = self._token
         me = threading.get_ident()  # before locking: a call in the section could run a finalizer
-        with token._lock:
-            if self._state != _PENDING:
-                return
-            self._state = _RUNNING
-            self._thread = me
-        fn = self._fn
+        claimed = False
+        # The try starts before the state is set: an asynchronous exception (a Ctrl-C) that
+        # lands after it, before or in the callback, still marks the listener done, so a
+        # `remove()` on another thread never waits for a callback that will not run. `claimed`
+        # is set right after the state, with no call in between; an early return (a listener
+        # that is not ours to run) leaves the state alone.
         try:
-            if fn is not None:
-                fn()
-        except _INTERRUPTS:  # Ctrl-C and SystemExit propagate, after the other callbacks
-            raise
-        except BaseException:  # asyncio.CancelledError, GeneratorExit, ...: a callback's bug
-            logger.exception("toolreg: cancel callback %r raised", fn)
-        finally:
             with token._lock:
-                self._state = _DONE
-                done = self._done
-            self._fn = None
-            if done is not None:
-                done.set()
+                if self._state != _PENDING:
+                    return
+                self._thread = me
+                self._state = _RUNNING
+                claimed = True
+            fn = self._fn
+            try:
+                if fn is not None:
+                    fn()
+            except _INTERRUPTS:  # Ctrl-C and SystemExit propagate, after the other callbacks
+                raise
+            except BaseException:  # asyncio.CancelledError, GeneratorExit, ...: a callback's bug
+                logger.exception("toolreg: cancel callback %r raised", fn)
+        finally:
+            if claimed:
+                with token._lock:
+                    self._state = _DONE
+                    done = self._done
+                self._fn = None
+                if done is not None:
+                    done.set()
 
     def __repr__(self) -> str:
         state = ("pending", "running", "done", "removed")[self._state]
