@@ -143,6 +143,8 @@ def test_progress_keeps_increasing_across_retry_attempts() -> None:
         (math.inf, None, None, ValueError),
         (1, -math.inf, None, ValueError),
         (10**400, None, None, ValueError),
+        pytest.param(10**5000, None, None, ValueError, id="beyond-the-int-str-digit-limit"),
+        (1, -(10**400), None, ValueError),
         (1, None, 5, TypeError),
     ],
 )
@@ -162,6 +164,25 @@ def test_bad_progress_values_raise_in_the_body(
 
         registry.execute("work", progress=lambda update: None)
     assert len(raised) == 1 and type(raised[0]) is error
+
+
+@pytest.mark.parametrize("digits", [400, 5000])  # 5000: beyond the int-to-str digit limit
+def test_a_huge_int_is_named_by_its_size_not_its_digits(digits: int) -> None:
+    huge = -(10**digits)
+    raised: list[BaseException] = []
+    with open_registry() as registry:
+
+        @registry.tool
+        def work(args: Args, ctx: ToolContext) -> str:
+            try:
+                ctx.report_progress(1, huge)
+            except ValueError as exc:
+                raised.append(exc)
+            return "ok"
+
+        registry.execute("work", progress=lambda update: None)
+    assert len(raised) == 1
+    assert str(raised[0]) == f"total must be finite, got an int of {huge.bit_length()} bits"
 
 
 def test_report_progress_after_the_body_settled_raises() -> None:

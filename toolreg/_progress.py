@@ -11,11 +11,12 @@ into the body.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from . import _validate
 
 if TYPE_CHECKING:
     from ._results import ToolCall
@@ -43,22 +44,11 @@ ProgressCallback = Callable[[ToolProgress], object]
 
 def check_progress(progress: object, total: object, message: object) -> None:
     """`TypeError` for a bool or non-number, `ValueError` for NaN or infinity, per the contract."""
-    _check_number(progress, "progress")
+    _validate.real(progress, "progress")
     if total is not None:
-        _check_number(total, "total")
+        _validate.real(total, "total")
     if message is not None and not isinstance(message, str):
         raise TypeError(f"message must be a str or None, got {type(message).__name__}")
-
-
-def _check_number(value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a real number, got {type(value).__name__}")
-    try:
-        finite = math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        finite = False
-    if not finite:
-        raise ValueError(f"{what} must be finite, got {value!r}")
 
 
 class ProgressSink:
