@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 from . import _validate
+from ._interrupts import INTERRUPTS
 from ._jobs import JobThreads
 from ._timer import ManualClock, Timer, TimerEntry
 
@@ -69,10 +70,6 @@ __all__ = [
 logger = logging.getLogger("toolreg")
 
 _next_key = itertools.count().__next__  # dict keys for listeners; next() is atomic under the GIL
-
-# What a callback may raise through `cancel()` / `on_cancel()` (after the other callbacks ran);
-# anything else it raises is logged.
-_INTERRUPTS = (KeyboardInterrupt, SystemExit)
 
 _now = time.monotonic  # the clock of every due time and cancellation moment; see manual_clock()
 
@@ -195,7 +192,7 @@ class _Listener(Registration):
             try:
                 if fn is not None:
                     fn()
-            except _INTERRUPTS:  # Ctrl-C and SystemExit propagate, after the other callbacks
+            except INTERRUPTS:  # Ctrl-C and SystemExit propagate, after the other callbacks
                 raise
             except BaseException:  # asyncio.CancelledError, GeneratorExit, ...: a callback's bug
                 logger.exception("toolreg: cancel callback %r raised", fn)

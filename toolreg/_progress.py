@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _validate
+from ._interrupts import INTERRUPTS
 
 if TYPE_CHECKING:
     from ._results import ToolCall
@@ -101,7 +102,7 @@ class ProgressSink:
     def _deliver(self, update: ToolProgress) -> None:
         try:
             self._callback(update)
-        except (KeyboardInterrupt, SystemExit):
+        except INTERRUPTS:
             raise
         except BaseException:  # a callback's failure never reaches the body
             logger.exception("toolreg: progress callback %r raised", self._callback)
