@@ -27,7 +27,7 @@ import time
 import weakref
 from collections.abc import Callable
 
-__all__ = ["JobThreads"]
+__all__ = ["JobThreads", "after_fork_in_child"]
 
 logger = logging.getLogger("toolreg")
 
@@ -50,8 +50,7 @@ class JobThreads:
         self._limit = limit
         self._linger = linger
         self._reset(collections.deque())
-        after_fork = weakref.WeakMethod(self._after_fork)
-        os.register_at_fork(after_in_child=lambda: _call_if_alive(after_fork))
+        after_fork_in_child(self._after_fork)
 
     def _reset(self, jobs: collections.deque[Job]) -> None:
         # Guards _jobs, _threads, _idle and _closed. Nothing under it allocates an object the
@@ -167,6 +166,16 @@ class JobThreads:
             f"<JobThreads {self._name!r} threads={self._threads} idle={self._idle} "
             f"queued={len(self._jobs)}>"
         )
+
+
+def after_fork_in_child(method: Callable[[], None]) -> None:
+    """Call the bound `method` in a forked child, unless its object was collected by then.
+
+    Registered for the life of the process (`os.register_at_fork` has no undo), so it holds the
+    object weakly.
+    """
+    weak = weakref.WeakMethod(method)
+    os.register_at_fork(after_in_child=lambda: _call_if_alive(weak))
 
 
 def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:

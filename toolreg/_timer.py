@@ -19,7 +19,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 import weakref
@@ -27,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._interrupts import MAX_WAIT
+from ._jobs import after_fork_in_child
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -121,8 +121,7 @@ class Timer:
         if isinstance(clock, ManualClock):
             clock.attach(self)
         else:
-            after_fork = weakref.WeakMethod(self._after_fork)
-            os.register_at_fork(after_in_child=lambda: _call_if_alive(after_fork))
+            after_fork_in_child(self._after_fork)
 
     def _reset(self) -> None:
         # Guards _heap and _thread. No GC-sensitive work is done while holding it beyond heap
@@ -226,9 +225,3 @@ def _drop_dead(heap: list[tuple[float, int, TimerEntry]]) -> None:
             kept += 1
     del heap[kept:]
     heapq.heapify(heap)
-
-
-def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
-    bound = method()
-    if bound is not None:
-        bound()
