@@ -14,7 +14,8 @@ callback cannot delay the next deadline; an event loop can hand over work the sa
 * Workers are daemon threads: they never keep the interpreter alive. A job that raises is logged
   on the ``toolreg`` logger (any `BaseException`); the worker goes on.
 * After `fork()` the child has none of the parent's threads: its `JobThreads` start afresh on
-  first use (or on `start()`), with the jobs that were still queued at the fork.
+  first use (or on `start()`), at the fork itself only if jobs were still queued then. That
+  first `call_soon` in the child starts them, so it waits for them to run, once.
 """
 
 from __future__ import annotations
