@@ -54,8 +54,11 @@ class JobThreads:
         after_fork_in_child(self._after_fork)
 
     def _reset(self, jobs: collections.deque[Job]) -> None:
-        # Guards _jobs, _threads, _idle and _closed. Nothing under it allocates an object the
-        # garbage collector tracks, and no job runs under it.
+        # Guards _jobs, _threads, _idle and _closed. No job runs under it, but it is a plain
+        # lock and what runs under it does allocate (`_take` returns tuples; `Condition.wait`
+        # and `notify` are Python code that allocates a waiter lock): a finalizer that a
+        # collection runs there and that queues a job on this same instance would deadlock its
+        # thread (the plain-lock caveat of contract A.4; toolreg's own finalizers never do).
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)  # notified when a job is queued
         self._jobs = jobs
