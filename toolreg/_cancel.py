@@ -19,8 +19,9 @@ Design rules (each one answers a known trap, see docs/contract.md):
   every parent at once; the link of a child dropped without `close()` is swept when the parent's
   set of children doubles. So a long-lived parent holds no state for children that came and went,
   and correctness never depends on the garbage collector.
-* `token.cancelled` is a plain attribute read (once eager). Critical sections never call user
-  code; our finalizers (`TimerEntry._died`) never take a lock.
+* `token.cancelled` is a plain attribute read once eager or cancelled (the read that resolves a
+  lazy token's cause marks it under its lock). Critical sections never call user code; our
+  finalizers (`TimerEntry._died`) never take a lock.
 * A token's lock is reentrant, because a *user's* finalizer can run on the thread that holds it
   and call back into the token (remove a registration, link a child): a cyclic collection runs
   finalizers on whichever thread triggers it, at an allocation (3.10, 3.11) or, from 3.12 on, at
@@ -213,9 +214,11 @@ class _Listener(Registration):
 class CancelToken:
     """Observes one cancellation: `.cancelled`, `.reason`, `.wait()`, `.on_cancel()`.
 
-    Tokens are made by a `CancelSource` (or `CancelToken.never()`). All methods are thread-safe;
-    `.cancelled` and `.reason` are lock-free reads. Once cancelled, a token stays cancelled and its
-    reason never changes (the first reason wins, inherited from the parent that cancelled it).
+    Tokens are made by a `CancelSource` (or `CancelToken.never()`). All methods are thread-safe.
+    `.cancelled` and `.reason` of an eager token, or of one already cancelled, are plain reads
+    that take no lock; on a lazy token the read that first finds a cause marks it cancelled,
+    under its lock (see `cancelled`). Once cancelled, a token stays cancelled and its reason
+    never changes (the first reason wins, inherited from the parent that cancelled it).
 
     Example::
 
@@ -278,7 +281,13 @@ class CancelToken:
 
     @property
     def cancelled(self) -> bool:
-        """True once cancelled (lock-free)."""
+        """True once cancelled.
+
+        No lock on an eager or already-cancelled token. On a lazy one it walks the ancestry
+        without a lock; the read that finds a cause marks the token (and lazy ancestors found
+        cancelled) with the ordinary cancellation, under each one's lock, and one that finds a
+        lazy ancestry deeper than 32 makes it eager (links, timer) so later reads are plain.
+        """
         if self._cancelled:
             return True
         if self._pending is None and self._due is None:
