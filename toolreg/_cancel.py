@@ -343,13 +343,17 @@ class CancelToken:
             raise TypeError(f"on_cancel() needs a callable, got {type(callback).__name__}")
         _materialize(self)
         listener = _Listener(self, callback)
+        # Allocated before locking, if there was no dict when we looked (if another thread made
+        # one meanwhile, `spare` goes unused).
         spare: dict[int, _Listener] | None = {} if self._listeners is None else None
         with self._lock:
             if not self._cancelled:
                 listeners = self._listeners
                 if listeners is None:
-                    # `spare` is None only if another thread created the dict since we looked.
-                    listeners = self._listeners = spare if spare is not None else {}
+                    # Then there was none when we looked either, so `spare` is a dict: a dict,
+                    # once made, is dropped only by `_mark`, which sets `_cancelled` first.
+                    assert spare is not None
+                    listeners = self._listeners = spare
                 listeners[listener._key] = listener
                 return listener
         listener._run()
@@ -409,7 +413,9 @@ class CancelToken:
                 return False
             children = self._children
             if children is None:
-                children = self._children = spare if spare is not None else set()
+                # `spare` is a set, as in `on_cancel`: only `_mark` drops it, after `_cancelled`.
+                assert spare is not None
+                children = self._children = spare
             children.add(ref)
             if len(children) < self._sweep_at:
                 return True
