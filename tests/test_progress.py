@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import threading
 from typing import Any
@@ -250,7 +251,7 @@ def test_progress_must_be_callable() -> None:
         registry.execute("anything", progress=5)  # type: ignore[arg-type]
 
 
-def test_awaited_progress_runs_on_the_event_loop_and_never_blocks_the_body() -> None:
+def test_awaited_progress_runs_on_the_event_loop_in_order() -> None:
     loop_threads: list[int] = []
     seen: list[float] = []
 
@@ -276,6 +277,88 @@ def test_awaited_progress_runs_on_the_event_loop_and_never_blocks_the_body() -> 
 
         asyncio.run(main(registry))
     assert seen == [1, 2, 3]
+
+
+def test_awaited_progress_is_scheduled_on_the_loop_never_awaited_by_the_body() -> None:
+    # The loop-side callback blocks until the body says report_progress returned: if the body
+    # waited for the callback, neither would go on (the callback would time out, unseen).
+    returned = threading.Event()
+    saw_it_return: list[bool] = []
+
+    def record(update: ToolProgress) -> None:
+        saw_it_return.append(returned.wait(WAIT))
+
+    async def main(registry: ToolRegistry) -> None:
+        assert (await AsyncToolRegistry(registry).execute("work", progress=record)).ok
+
+    with open_registry() as registry:
+
+        @registry.tool
+        def work(args: Args, ctx: ToolContext) -> str:
+            ctx.report_progress(1)
+            returned.set()
+            return "ok"
+
+        asyncio.run(main(registry))
+    assert saw_it_return == [True]
+
+
+def test_an_awaited_progress_callbacks_exception_is_logged_not_raised_into_the_body(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    raised_in_body: list[BaseException] = []
+
+    async def main(registry: ToolRegistry) -> None:
+        second = asyncio.Event()
+
+        def record(update: ToolProgress) -> None:
+            if update.progress == 2:
+                second.set()
+            raise ValueError(f"callback failed at {update.progress}")
+
+        assert (await AsyncToolRegistry(registry).execute("work", progress=record)).ok
+        await asyncio.wait_for(second.wait(), WAIT)
+
+    with open_registry() as registry:
+
+        @registry.tool
+        def work(args: Args, ctx: ToolContext) -> str:
+            for value in (1, 2):
+                try:
+                    ctx.report_progress(value)
+                except BaseException as exc:
+                    raised_in_body.append(exc)
+            return "ok"
+
+        asyncio.run(main(registry))
+    assert raised_in_body == []
+    logged = [r for r in caplog.records if "progress callback" in r.getMessage()]
+    assert [str(r.exc_info[1]) for r in logged if r.exc_info] == [
+        "callback failed at 1",
+        "callback failed at 2",
+    ]
+
+
+@pytest.mark.parametrize("field", ["call", "progress", "total", "message"])
+def test_a_delivered_tool_progress_is_frozen(field: str) -> None:
+    updates: list[ToolProgress] = []
+    with open_registry() as registry:
+
+        @registry.tool
+        def work(args: Args, ctx: ToolContext) -> str:
+            ctx.report_progress(1, 2, "half")
+            return "ok"
+
+        assert registry.execute("work", progress=updates.append).ok
+    (update,) = updates
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(update, field, None)
+    assert (update.call.name, update.progress, update.total, update.message) == (
+        "work",
+        1,
+        2,
+        "half",
+    )
 
 
 def test_cancel_reason_reaches_the_body_when_the_awaiting_task_is_cancelled() -> None:
