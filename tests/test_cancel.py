@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import logging
 import math
 import os
@@ -875,6 +876,46 @@ def test_remove_waits_for_the_callback_running_on_another_thread() -> None:
     assert finished == ["callback done"]
 
 
+def test_an_interrupt_landing_as_a_callback_starts_never_leaves_remove_waiting() -> None:
+    # A Ctrl-C (any asynchronous exception) can land on any line the cancelling thread runs.
+    # Injected with a line tracer, deterministically, on the line that picks up the callback
+    # right after the listener was marked running: `remove()` on another thread must not wait
+    # for a callback that will never run.
+    run = _cancel._Listener._run
+    lines, first = inspect.getsourcelines(run)
+    target = [first + i for i, line in enumerate(lines) if line.strip() == "fn = self._fn"]
+    assert len(target) == 1
+    injected: list[int] = []
+
+    def local(frame: Any, event: str, arg: object) -> Any:
+        if event == "line" and frame.f_lineno == target[0] and not injected:
+            injected.append(frame.f_lineno)
+            raise KeyboardInterrupt("landed as the callback starts")
+        return local
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        return local if frame.f_code is run.__code__ else None
+
+    src = CancelSource()
+    ran: list[str] = []
+    registration = src.token.on_cancel(lambda: ran.append("ran"))
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            src.cancel("x")
+    finally:
+        sys.settrace(previous)
+    assert injected and ran == []
+    results: list[bool] = []
+    # A daemon: with the bug it would wait forever.
+    remover = threading.Thread(target=lambda: results.append(registration.remove()), daemon=True)
+    remover.start()
+    remover.join(WAIT)
+    assert not remover.is_alive(), "remove() waits for a callback that will never run"
+    assert results == [False]
+
+
 # -- depth and width ----------------------------------------------------------------------------
 
 
@@ -1052,6 +1093,27 @@ def test_deadline_closed_before_it_came_due_never_fires(clock: ManualClock) -> N
     clock.advance(0.01)
     assert kept.token.cancelled and kept.timed_out
     assert not closed.token.cancelled and not closed.timed_out
+
+
+def test_eager_deadline_closed_after_its_due_time_reads_as_timed_out_like_a_lazy_one(
+    clock: ManualClock,
+) -> None:
+    lazy = deadline(None, 1.0)
+    eager = deadline(None, 1.0)
+    not_yet = deadline(None, 3.0)
+    ran = threading.Event()
+    eager.token.on_cancel(ran.set)  # eager: linked, its timer armed
+    not_yet.token.on_cancel(lambda: None)
+    clock._now += 2.0  # white-box: time passes, and the timer has not got to `eager` yet
+    lazy.close()
+    eager.close()
+    not_yet.close()  # closed before its due time: never times out
+    assert lazy.timed_out and eager.timed_out
+    assert eager.token.reason == lazy.token.reason == TimeoutReason("TIMEOUT", 1.0)
+    assert eager.token._cancelled_at == lazy.token._cancelled_at == 1.0  # white-box: at due
+    assert ran.wait(WAIT)  # its callback runs where the timer's would have
+    clock.advance(2.0)
+    assert not not_yet.token.cancelled and not not_yet.timed_out
 
 
 def test_close_after_the_timer_fired_keeps_the_cancellation() -> None:

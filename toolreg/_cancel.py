@@ -19,8 +19,9 @@ Design rules (each one answers a known trap, see docs/contract.md):
   every parent at once; the link of a child dropped without `close()` is swept when the parent's
   set of children doubles. So a long-lived parent holds no state for children that came and went,
   and correctness never depends on the garbage collector.
-* `token.cancelled` is a plain attribute read (once eager). Critical sections never call user
-  code; our finalizers (`TimerEntry._died`) never take a lock.
+* `token.cancelled` is a plain attribute read once eager or cancelled (the read that resolves a
+  lazy token's cause marks it under its lock). Critical sections never call user code; our
+  finalizers (`TimerEntry._died`) never take a lock.
 * A token's lock is reentrant, because a *user's* finalizer can run on the thread that holds it
   and call back into the token (remove a registration, link a child): a cyclic collection runs
   finalizers on whichever thread triggers it, at an allocation (3.10, 3.11) or, from 3.12 on, at
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 from . import _validate
+from ._interrupts import INTERRUPTS
 from ._jobs import JobThreads
 from ._timer import ManualClock, Timer, TimerEntry
 
@@ -69,10 +71,6 @@ __all__ = [
 logger = logging.getLogger("toolreg")
 
 _next_key = itertools.count().__next__  # dict keys for listeners; next() is atomic under the GIL
-
-# What a callback may raise through `cancel()` / `on_cancel()` (after the other callbacks ran);
-# anything else it raises is logged.
-_INTERRUPTS = (KeyboardInterrupt, SystemExit)
 
 _now = time.monotonic  # the clock of every due time and cancellation moment; see manual_clock()
 
@@ -178,26 +176,35 @@ class _Listener(Registration):
     def _run(self) -> None:
         token = self._token
         me = threading.get_ident()  # before locking: a call in the section could run a finalizer
-        with token._lock:
-            if self._state != _PENDING:
-                return
-            self._state = _RUNNING
-            self._thread = me
-        fn = self._fn
+        claimed = False
+        # The try starts before the state is set: an asynchronous exception (a Ctrl-C) that
+        # lands after it, before or in the callback, still marks the listener done, so a
+        # `remove()` on another thread never waits for a callback that will not run. `claimed`
+        # is set right after the state, with no call in between; an early return (a listener
+        # that is not ours to run) leaves the state alone.
         try:
-            if fn is not None:
-                fn()
-        except _INTERRUPTS:  # Ctrl-C and SystemExit propagate, after the other callbacks
-            raise
-        except BaseException:  # asyncio.CancelledError, GeneratorExit, ...: a callback's bug
-            logger.exception("toolreg: cancel callback %r raised", fn)
-        finally:
             with token._lock:
-                self._state = _DONE
-                done = self._done
-            self._fn = None
-            if done is not None:
-                done.set()
+                if self._state != _PENDING:
+                    return
+                self._thread = me
+                self._state = _RUNNING
+                claimed = True
+            fn = self._fn
+            try:
+                if fn is not None:
+                    fn()
+            except INTERRUPTS:  # Ctrl-C and SystemExit propagate, after the other callbacks
+                raise
+            except BaseException:  # asyncio.CancelledError, GeneratorExit, ...: a callback's bug
+                logger.exception("toolreg: cancel callback %r raised", fn)
+        finally:
+            if claimed:
+                with token._lock:
+                    self._state = _DONE
+                    done = self._done
+                self._fn = None
+                if done is not None:
+                    done.set()
 
     def __repr__(self) -> str:
         state = ("pending", "running", "done", "removed")[self._state]
@@ -207,9 +214,11 @@ class _Listener(Registration):
 class CancelToken:
     """Observes one cancellation: `.cancelled`, `.reason`, `.wait()`, `.on_cancel()`.
 
-    Tokens are made by a `CancelSource` (or `CancelToken.never()`). All methods are thread-safe;
-    `.cancelled` and `.reason` are lock-free reads. Once cancelled, a token stays cancelled and its
-    reason never changes (the first reason wins, inherited from the parent that cancelled it).
+    Tokens are made by a `CancelSource` (or `CancelToken.never()`). All methods are thread-safe.
+    `.cancelled` and `.reason` of an eager token, or of one already cancelled, are plain reads
+    that take no lock; on a lazy token the read that first finds a cause marks it cancelled,
+    under its lock (see `cancelled`). Once cancelled, a token stays cancelled and its reason
+    never changes (the first reason wins, inherited from the parent that cancelled it).
 
     Example::
 
@@ -272,7 +281,13 @@ class CancelToken:
 
     @property
     def cancelled(self) -> bool:
-        """True once cancelled (lock-free)."""
+        """True once cancelled.
+
+        No lock on an eager or already-cancelled token. On a lazy one it walks the ancestry
+        without a lock; the read that finds a cause marks the token (and lazy ancestors found
+        cancelled) with the ordinary cancellation, under each one's lock, and one that finds a
+        lazy ancestry deeper than 32 makes it eager (links, timer) so later reads are plain.
+        """
         if self._cancelled:
             return True
         if self._pending is None and self._due is None:
@@ -328,13 +343,17 @@ class CancelToken:
             raise TypeError(f"on_cancel() needs a callable, got {type(callback).__name__}")
         _materialize(self)
         listener = _Listener(self, callback)
+        # Allocated before locking, if there was no dict when we looked (if another thread made
+        # one meanwhile, `spare` goes unused).
         spare: dict[int, _Listener] | None = {} if self._listeners is None else None
         with self._lock:
             if not self._cancelled:
                 listeners = self._listeners
                 if listeners is None:
-                    # `spare` is None only if another thread created the dict since we looked.
-                    listeners = self._listeners = spare if spare is not None else {}
+                    # Then there was none when we looked either, so `spare` is a dict: a dict,
+                    # once made, is dropped only by `_mark`, which sets `_cancelled` first.
+                    assert spare is not None
+                    listeners = self._listeners = spare
                 listeners[listener._key] = listener
                 return listener
         listener._run()
@@ -394,7 +413,9 @@ class CancelToken:
                 return False
             children = self._children
             if children is None:
-                children = self._children = spare if spare is not None else set()
+                # `spare` is a set, as in `on_cancel`: only `_mark` drops it, after `_cancelled`.
+                assert spare is not None
+                children = self._children = spare
             children.add(ref)
             if len(children) < self._sweep_at:
                 return True
@@ -474,8 +495,8 @@ class CancelToken:
                 parent._detach(ref)
                 return
 
-    def _arm(self, seconds: float, reason: TimeoutReason) -> None:
-        entry = _TIMER.schedule(self, seconds, reason)
+    def _arm(self, due: float, reason: TimeoutReason) -> None:
+        entry = _TIMER.schedule(self, due, reason)  # the timer's clock is `_now`
         with self._lock:
             if not (self._cancelled or self._closed):
                 self._timer = entry
@@ -496,11 +517,10 @@ class CancelToken:
                 self._link_to(pending)
             if due is not None and why is not None and not self._cancelled:
                 reason = TimeoutReason(*why)
-                remaining = due - _now()
-                if remaining <= 0:
+                if due <= _now():
                     _cancel(self, reason, from_timer=True, at=due)
                 else:
-                    self._arm(remaining, reason)
+                    self._arm(due, reason)
         finally:
             with self._lock:
                 self._pending = self._due = None  # eager now: pushes reach it, the timer fires
@@ -509,6 +529,10 @@ class CancelToken:
     def _close(self) -> None:
         if self._pending is not None or self._due is not None:
             _resolve(self)  # a cause that came before close() counts, as it would have eagerly
+        else:
+            timer = self._timer
+            if timer is not None and not self._cancelled and _now() >= timer.due:
+                _fire_late(self, timer)  # due, and the timer thread has not got to it yet
         with self._lock:
             if self._closed:
                 return
@@ -600,6 +624,22 @@ def _fire(token: CancelToken, reason: TimeoutReason) -> None:
     marked = _mark_tree(token, reason, True, None)
     if marked is not None and marked[0]:
         _CALLBACKS.call_soon(functools.partial(_run_callbacks, marked[0]))
+
+
+def _fire_late(token: CancelToken, entry: TimerEntry) -> None:
+    """`_fire` for a token closed after its due time, before the timer got to it.
+
+    It reads as timed out at its due time, as a lazy deadline would; its callbacks still run
+    where the timer's would (a Ctrl-C that landed while marking is re-raised here).
+    """
+    marked = _mark_tree(token, entry.reason, True, entry.due)
+    if marked is None:
+        return
+    callbacks, interrupted = marked
+    if callbacks:
+        _CALLBACKS.call_soon(functools.partial(_run_callbacks, callbacks))
+    if interrupted is not None:
+        raise interrupted
 
 
 _NOTHING_TO_RUN: tuple[list[_Listener], None] = ([], None)

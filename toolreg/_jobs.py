@@ -14,7 +14,8 @@ callback cannot delay the next deadline; an event loop can hand over work the sa
 * Workers are daemon threads: they never keep the interpreter alive. A job that raises is logged
   on the ``toolreg`` logger (any `BaseException`); the worker goes on.
 * After `fork()` the child has none of the parent's threads: its `JobThreads` start afresh on
-  first use (or on `start()`), with the jobs that were still queued at the fork.
+  first use (or on `start()`), at the fork itself only if jobs were still queued then. That
+  first `call_soon` in the child starts them, so it waits for them to run, once.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 import weakref
 from collections.abc import Callable
 
-__all__ = ["JobThreads"]
+__all__ = ["JobThreads", "after_fork_in_child"]
 
 logger = logging.getLogger("toolreg")
 
@@ -50,12 +51,14 @@ class JobThreads:
         self._limit = limit
         self._linger = linger
         self._reset(collections.deque())
-        after_fork = weakref.WeakMethod(self._after_fork)
-        os.register_at_fork(after_in_child=lambda: _call_if_alive(after_fork))
+        after_fork_in_child(self._after_fork)
 
     def _reset(self, jobs: collections.deque[Job]) -> None:
-        # Guards _jobs, _threads, _idle and _closed. Nothing under it allocates an object the
-        # garbage collector tracks, and no job runs under it.
+        # Guards _jobs, _threads, _idle and _closed. No job runs under it, but it is a plain
+        # lock and what runs under it does allocate (`_take` returns tuples; `Condition.wait`
+        # and `notify` are Python code that allocates a waiter lock): a finalizer that a
+        # collection runs there and that queues a job on this same instance would deadlock its
+        # thread (the plain-lock caveat of contract A.4; toolreg's own finalizers never do).
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)  # notified when a job is queued
         self._jobs = jobs
@@ -167,6 +170,16 @@ class JobThreads:
             f"<JobThreads {self._name!r} threads={self._threads} idle={self._idle} "
             f"queued={len(self._jobs)}>"
         )
+
+
+def after_fork_in_child(method: Callable[[], None]) -> None:
+    """Call the bound `method` in a forked child, unless its object was collected by then.
+
+    Registered for the life of the process (`os.register_at_fork` has no undo), so it holds the
+    object weakly.
+    """
+    weak = weakref.WeakMethod(method)
+    os.register_at_fork(after_in_child=lambda: _call_if_alive(weak))
 
 
 def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:

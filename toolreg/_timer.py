@@ -19,7 +19,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 import weakref
@@ -27,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._interrupts import MAX_WAIT
+from ._jobs import after_fork_in_child
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -41,19 +41,21 @@ _next_key = itertools.count().__next__  # tie-breaker for equal due times; atomi
 class TimerEntry(weakref.ref):  # type: ignore[type-arg]
     """A scheduled deadline; holds its token weakly so a dropped source can be collected."""
 
-    __slots__ = ("dead", "reason", "timer")
+    __slots__ = ("dead", "due", "reason", "timer")
     dead: bool  # never re-armed; written without a lock, read by the timer thread
+    due: float  # when it is due, on the timer's clock
     reason: Any  # a TimeoutReason
     timer: Timer
 
-    def __new__(cls, token: Any, reason: Any, timer: Timer) -> Self:
+    def __new__(cls, token: Any, reason: Any, timer: Timer, due: float) -> Self:
         self = weakref.ref.__new__(cls, token, TimerEntry._died)
         self.reason = reason
         self.timer = timer
+        self.due = due
         self.dead = False
         return self
 
-    def __init__(self, token: Any, reason: Any, timer: Timer) -> None:
+    def __init__(self, token: Any, reason: Any, timer: Timer, due: float) -> None:
         # weakref.ref.__init__ takes (object, callback) only; __new__ did the real work.
         super().__init__(token, TimerEntry._died)  # type: ignore[call-arg]
 
@@ -119,8 +121,7 @@ class Timer:
         if isinstance(clock, ManualClock):
             clock.attach(self)
         else:
-            after_fork = weakref.WeakMethod(self._after_fork)
-            os.register_at_fork(after_in_child=lambda: _call_if_alive(after_fork))
+            after_fork_in_child(self._after_fork)
 
     def _reset(self) -> None:
         # Guards _heap and _thread. No GC-sensitive work is done while holding it beyond heap
@@ -138,9 +139,10 @@ class Timer:
         if heap:
             self._start()
 
-    def schedule(self, token: Any, seconds: float, reason: Any) -> TimerEntry:
-        entry = TimerEntry(token, reason, self)
-        item = (self._clock() + seconds, _next_key(), entry)
+    def schedule(self, token: Any, due: float, reason: Any) -> TimerEntry:
+        """Fire `token` at `due` (on this timer's clock); its entry, which `disarm()` cancels."""
+        entry = TimerEntry(token, reason, self, due)
+        item = (due, _next_key(), entry)
         with self._cond:
             heap = self._heap
             if self.dead_count > 64 and self.dead_count * 2 > len(heap):
@@ -223,9 +225,3 @@ def _drop_dead(heap: list[tuple[float, int, TimerEntry]]) -> None:
             kept += 1
     del heap[kept:]
     heapq.heapify(heap)
-
-
-def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
-    bound = method()
-    if bound is not None:
-        bound()

@@ -6,6 +6,9 @@
   ``allow_zero``, negative), NaN, infinite, or too large to be a `float` at all (``10**400``):
   never `OverflowError`. Finite floats are accepted however large; whoever waits on one caps
   each wait.
+* `real(value, what)`: a finite real number (a progress value). `TypeError` unless it is an
+  `int` or `float` (not a `bool`); `ValueError` if it is NaN, infinite, or too large to be a
+  `float`. The message shows a huge int by its size, never by its digits.
 * `token(value, what)`: a `CancelToken`; `TypeError` otherwise, with a hint when a
   `CancelSource` was passed instead of its token.
 """
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._cancel import CancelToken
 
-__all__ = ["seconds", "token"]
+__all__ = ["real", "seconds", "token"]
 
 
 def seconds(value: object, what: str, *, allow_zero: bool = False, unlimited: str = "") -> float:
@@ -29,10 +32,7 @@ def seconds(value: object, what: str, *, allow_zero: bool = False, unlimited: st
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
-    try:
-        number = float(value)
-    except OverflowError:  # an int beyond the float range: as unusable as infinity
-        number = math.inf
+    number = _float(value)
     if math.isfinite(number) and (number > 0 or (allow_zero and number == 0)):
         return number
     least = "zero or more" if allow_zero else "more than zero"
@@ -40,6 +40,14 @@ def seconds(value: object, what: str, *, allow_zero: bool = False, unlimited: st
     raise ValueError(
         f"{what} must be a finite number of seconds, {least}; got {_shown(value)}{hint}"
     )
+
+
+def real(value: object, what: str) -> None:
+    """Nothing if `value` is a finite real number, else the `TypeError`/`ValueError` saying why."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a real number, got {type(value).__name__}")
+    if not math.isfinite(_float(value)):
+        raise ValueError(f"{what} must be finite, got {_shown(value)}")
 
 
 def token(value: object, what: str) -> CancelToken:
@@ -50,6 +58,13 @@ def token(value: object, what: str) -> CancelToken:
         return value
     hint = " (pass source.token)" if isinstance(value, CancelSource) else ""
     raise TypeError(f"{what} must be a CancelToken, got {type(value).__name__}{hint}")
+
+
+def _float(value: float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond the float range: as unusable as infinity
+        return math.inf
 
 
 def _shown(value: float) -> str:
