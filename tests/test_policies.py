@@ -1074,13 +1074,8 @@ def ctrl_c_pressed_when(event: threading.Event) -> Iterator[None]:
     assert main is not None
     handled = threading.Event()
     done = threading.Event()
-    sent = [0]  # presses made (the presser writes it)
-    seen = [0]  # presses handled (`once`, on the main thread, writes it)
-    caught_up = threading.Event()  # set by `once` at each press it handles
 
     def once(signum: int, frame: object) -> None:
-        seen[0] += 1
-        caught_up.set()
         if not handled.is_set():
             handled.set()
             raise KeyboardInterrupt
@@ -1089,7 +1084,6 @@ def ctrl_c_pressed_when(event: threading.Event) -> Iterator[None]:
         if not event.wait(WAIT):
             return
         while not (handled.is_set() or done.is_set()):
-            sent[0] += 1
             signal.pthread_kill(main, signal.SIGINT)
             handled.wait(0.05)
 
@@ -1100,13 +1094,11 @@ def ctrl_c_pressed_when(event: threading.Event) -> Iterator[None]:
     finally:
         done.set()
         presser.join()
-        # A press made just before `handled` was set may not be handled yet: let `once` take it
-        # before the previous handler is back. Short waits, because a SIGINT can miss a wait
-        # that is just starting (see above); each ends by running the pending handler.
-        while seen[0] < sent[0]:
-            caught_up.clear()
-            if seen[0] < sent[0]:
-                caught_up.wait(0.05)
+        # A press made just before `handled` was set may still be pending (presses may merge
+        # into one). raise_signal() runs every pending handler before it returns, in `once`,
+        # which ignores them from now on: none can reach the previous handler.
+        handled.set()
+        signal.raise_signal(signal.SIGINT)
         signal.signal(signal.SIGINT, previous)
 
 
