@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -139,3 +140,58 @@ def test_an_abandoned_awaited_wait_leaves_nothing_behind() -> None:
     with open_registry() as registry:
         add_held_tool(registry, gate)
         asyncio.run(main(registry))
+
+
+class _LeavesWhileRead(dict):  # type: ignore[type-arg]
+    """The in-flight table, white-box: the first time `call_when_idle` reads whether anything
+    is in flight, the last entry leaves on another thread right after that read."""
+
+    def __init__(self, table: dict[int, Any], leave: Any) -> None:
+        super().__init__(table)
+        self.leave = leave
+        self.armed = True
+
+    def __len__(self) -> int:
+        seen = dict.__len__(self)
+        if self.armed and seen and threading.get_ident() == threading.main_thread().ident:
+            self.armed = False
+            self.leave()
+        return seen  # what the reader had read before the entry left
+
+
+def test_awaited_wait_idle_sees_the_last_call_leave_right_after_it_looked() -> None:
+    # The last call leaves (its lock-free pop and check) between wait_idle's look at the table
+    # and its next step: its wake-up must not be lost.
+    class Entry:
+        def cancel(self, reason: object) -> None:
+            pass
+
+    with open_registry() as registry:
+        dispatcher = registry._dispatcher
+        key = dispatcher.track(Entry())
+        passed = threading.Event()  # the leaving thread is done with its check
+        notify = dispatcher._notify_idle
+
+        def notify_idle() -> None:
+            passed.set()  # it is about to wake the waiters (blocked until the reader is done)
+            notify()
+
+        dispatcher._notify_idle = notify_idle  # type: ignore[method-assign]
+
+        def leave() -> None:
+            def untrack() -> None:
+                try:
+                    dispatcher.untrack(key)
+                finally:
+                    passed.set()
+
+            threading.Thread(target=untrack, name="test-leaver", daemon=True).start()
+            assert passed.wait(WAIT), "the leaving thread never got past its check"
+
+        dispatcher._calls = _LeavesWhileRead(dispatcher._calls, leave)
+
+        async def main() -> bool:
+            return await AsyncToolRegistry(registry).wait_idle(WAIT)
+
+        assert asyncio.run(main()) is True
+        assert dispatcher.active() == 0 and dispatcher._idle_callbacks == {}

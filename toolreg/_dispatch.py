@@ -361,9 +361,12 @@ class Dispatcher:
         """
         key = next(_callback_keys)
         with self._lock:
-            if not self._calls:
-                return None
+            # Kept before the table is read, as wait_idle counts itself in first: a last call
+            # that leaves after this read finds the callback (its check takes no lock).
             self._idle_callbacks[key] = callback
+            if not self._calls:
+                del self._idle_callbacks[key]
+                return None
 
         def forget() -> None:
             with self._lock:
