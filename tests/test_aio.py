@@ -33,7 +33,16 @@ from typing import Any
 
 import anyio
 import pytest
-from _registry_helpers import ABORTED, BEFORE, WAIT, Journal, holds_nothing, open_registry
+from _registry_helpers import (
+    ABORTED,
+    BEFORE,
+    WAIT,
+    Caller,
+    Gate,
+    Journal,
+    holds_nothing,
+    open_registry,
+)
 
 from toolreg import (
     CancelSource,
@@ -45,6 +54,7 @@ from toolreg import (
     ToolRegistry,
     ToolResult,
 )
+from toolreg._pool import WorkerPool
 from toolreg.aio import AsyncToolRegistry
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -1319,3 +1329,98 @@ def test_an_executor_that_refuses_the_call_fails_it_and_close_does_not_hang(warm
     closer.start()
     closer.join(WAIT)
     assert not closer.is_alive(), "close() waits for a call the executor never took"
+
+
+# -- calls that never start -------------------------------------------------------------------
+
+
+def occupy_schedulers(areg: AsyncToolRegistry) -> threading.Event:
+    """White-box: the facade's batch schedulers are one busy thread, so an awaited batch waits
+    in their queue until the returned event is set."""
+    schedulers = WorkerPool(1, "test-schedulers")
+    busy, release = threading.Event(), threading.Event()
+    schedulers.submit(lambda: (busy.set(), release.wait(WAIT)))
+    assert busy.wait(WAIT)
+    areg._schedulers = schedulers
+    return release
+
+
+def test_a_call_hook_raising_an_interrupt_for_an_unstarted_awaited_batch_leaves_it_observed() -> (
+    None
+):
+    """docs/contract.md 7.2/8.3: every unstarted call is observed, even when a call hook raises
+    an interrupt for one of them (it ended the list of results there: the others were lost)."""
+
+    def hook(call: ToolCall, token: CancelToken) -> None:
+        if call.call_id == "c1":
+            raise SystemExit("hook says stop")
+
+    observed = Journal()
+    with open_registry(max_workers=2) as registry:
+        registry.add_call_hook(hook)
+        registry.on_result(lambda result: observed((result.call.call_id, result.code)))
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        calls = [ToolCall("t", {}, f"c{index}") for index in range(3)]
+
+        async def main() -> None:
+            areg = AsyncToolRegistry(registry)
+            release = occupy_schedulers(areg)
+            try:
+                task = asyncio.create_task(areg.execute_batch(calls))
+                await asyncio.sleep(0)  # entered: queued behind the busy scheduler
+                assert len(areg._schedulers._backlog) == 1  # type: ignore[union-attr]
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(task, WAIT)
+            finally:
+                release.set()
+                await areg.aclose()
+
+        asyncio.run(main())
+        assert registry.wait_idle(0)
+    assert sorted(observed.entries) == [(f"c{index}", BEFORE) for index in range(3)]
+
+
+def test_an_interrupt_from_a_call_hook_of_a_dropped_awaited_call_is_raised_after_it() -> None:
+    """docs/contract.md 7.4/17.6 for awaited calls: an interrupt a call hook raised is re-raised
+    once the call was observed, also for a call the executor dropped (it was swallowed)."""
+    gate = Gate()
+    observed = Journal()
+
+    def hook(call: ToolCall, token: CancelToken) -> None:
+        if call.name == "queued":
+            raise SystemExit("hook says stop")
+
+    pool = WorkerPool(1, "test-given")
+    try:
+        with ToolRegistry(executor=pool) as registry:
+            registry.add_call_hook(hook)
+            registry.on_result(lambda result: observed((result.call.name, result.code)))
+            registry.tool(name="blocker")(lambda args, ctx: gate.hold())
+            registry.tool(name="queued")(lambda args, ctx: "queued")
+            blocker = Caller(lambda: registry.execute("blocker"))
+            gate.wait_reached()
+
+            async def main() -> BaseException | None:
+                task = asyncio.create_task(awaited())
+                await asyncio.sleep(0)  # entered: queued behind the busy worker
+                assert len(pool._backlog) == 1
+                pool.shutdown(wait=False, cancel_futures=True)  # drops the awaited call
+                return await asyncio.wait_for(task, WAIT)
+
+            async def awaited() -> BaseException | None:
+                # Caught in the task: a SystemExit leaving a task stops the loop itself.
+                try:
+                    await AsyncToolRegistry(registry).execute("queued")
+                except SystemExit as exc:
+                    return exc
+                return None
+
+            raised = asyncio.run(main())
+            assert isinstance(raised, SystemExit) and str(raised) == "hook says stop"
+            assert observed.entries == [("queued", BEFORE)]
+            gate.release()
+            assert blocker.join().ok
+    finally:
+        gate.release()
+        pool.shutdown(wait=True)

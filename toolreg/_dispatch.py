@@ -163,10 +163,7 @@ class Dispatcher:
             state.cancel("registry closed")
         try:
             if hooks.call_hooks:
-                try:
-                    state.traces = start_traces(hooks.call_hooks, call, state.token)
-                except INTERRUPTS as exc:  # a hook raised one, or a Ctrl-C landed: the call
-                    state.interrupt(exc)  # still runs its course (cancelled), then re-raises
+                _start_traces(state, hooks)
             if watcher is not None:
                 watcher.watch(state)
             result = execute_call(self, state, admitted)
@@ -216,7 +213,7 @@ class Dispatcher:
         hooks = self._hooks.current
         state = CallState(call, hooks, never, mode, time.monotonic(), True, None)
         if hooks.call_hooks:  # traced like any call: its entry, then its end
-            state.traces = start_traces(hooks.call_hooks, call, state.token)
+            _start_traces(state, hooks)
         return never_started(state), state.interrupted
 
     def has_own_pool(self) -> bool:
@@ -460,6 +457,15 @@ class Dispatcher:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "closing" if self._closing else "open"
         return f"<Dispatcher {state} in_flight={len(self._calls)} executor={self._executor!r}>"
+
+
+def _start_traces(state: CallState, hooks: HookSet) -> None:
+    """The call's traces from its call hooks. An interrupt a hook raised (or a Ctrl-C that
+    landed) is the call's: it still runs its course, cancelled and observed, then re-raises."""
+    try:
+        state.traces = start_traces(hooks.call_hooks, state.call, state.token)
+    except INTERRUPTS as exc:
+        state.interrupt(exc)
 
 
 def _drop_if_cancelled(item: Any, future: Future[Any]) -> None:

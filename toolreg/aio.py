@@ -373,7 +373,9 @@ class _AwaitedCall(_Job):
 
     def _never_started(self) -> ToolResult[Any]:
         # In the awaiting task's context, like the call it replaces (call hooks see it there).
-        result, _ = self.context.run(self.dispatcher.unstarted, self.call)
+        result, interrupted = self.context.run(self.dispatcher.unstarted, self.call)
+        if interrupted is not None:  # a call hook raised SystemExit/KeyboardInterrupt: as _work
+            raise interrupted
         return result
 
 
@@ -415,7 +417,16 @@ class _AwaitedBatch(_Job):
 
     def _never_started(self) -> list[ToolResult[Any]]:
         self.turn.close()
-        return [self.dispatcher.unstarted(call)[0] for call in self.batch]
+        results: list[ToolResult[Any]] = []
+        first: BaseException | None = None
+        for call in self.batch:  # every call observed, then the first interrupt (as a batch)
+            result, interrupted = self.dispatcher.unstarted(call)
+            results.append(result)
+            if first is None:
+                first = interrupted
+        if first is not None:
+            raise first
+        return results
 
 
 def _deliver(
