@@ -26,6 +26,7 @@ from toolreg import (
     CancelSource,
     ToolContext,
     ToolRegistry,
+    WorkerPool,
 )
 
 
@@ -137,3 +138,34 @@ def test_joining_waits_for_the_body_never_for_the_future_and_never_cancels_it() 
         assert pool.cancel_calls == 0
     finally:
         pool.shutdown(wait=True)
+
+
+# -- WorkerPool as a concurrent.futures.Executor -----------------------------------------------
+
+
+def test_worker_pool_shutdown_waits_for_a_worker_whose_thread_is_not_started_yet() -> None:
+    # A hand-off with may_block=False (an event loop's) counts a new worker in and leaves its
+    # thread to the helper to start: shutdown(wait=True) returned before that work ran.
+    pool = WorkerPool(1, "test-late-start")
+    go = threading.Event()  # lets the helper start the worker's thread
+    start_later = pool._start_later
+
+    def held_start(worker: Any, thread: threading.Thread) -> None:
+        assert go.wait(WAIT), "the test never let the worker start"
+        start_later(worker, thread)
+
+    pool._start_later = held_start  # type: ignore[method-assign]
+    ran = threading.Event()
+
+    class Item:
+        def _run(self) -> None:
+            ran.set()
+
+        def _drop(self) -> None:
+            pass
+
+    pool._hand_over(Item(), may_block=False)
+    shutdown = Caller(lambda: (pool.shutdown(wait=True), ran.is_set())[1], name="test-shutdown")
+    wait_until(lambda: pool._shutdown, "shutdown() to begin")  # white-box
+    go.set()
+    assert shutdown.join() is True, "shutdown(wait=True) returned before the accepted work ran"
