@@ -1424,3 +1424,32 @@ def test_an_interrupt_from_a_call_hook_of_a_dropped_awaited_call_is_raised_after
     finally:
         gate.release()
         pool.shutdown(wait=True)
+
+
+def test_call_hooks_of_an_unstarted_awaited_batch_see_the_awaiting_task_s_context() -> None:
+    """docs/contract.md 3.6 and 15.7: a batch call that never started goes through the call
+    hooks "in the awaiting task's" context (they ran in the helper thread's)."""
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+    seen = Journal()
+    with open_registry(max_workers=2) as registry:
+        registry.add_call_hook(lambda call, token: seen((call.call_id, request_id.get("-"))))
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        calls = [ToolCall("t", {}, f"c{index}") for index in range(2)]
+
+        async def main() -> None:
+            request_id.set("req-7")
+            areg = AsyncToolRegistry(registry)
+            release = occupy_schedulers(areg)
+            try:
+                task = asyncio.create_task(areg.execute_batch(calls))
+                await asyncio.sleep(0)  # entered: queued behind the busy scheduler
+                assert len(areg._schedulers._backlog) == 1  # type: ignore[union-attr]
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(task, WAIT)
+            finally:
+                release.set()
+                await areg.aclose()
+
+        asyncio.run(main())
+    assert seen.entries == [("c0", "req-7"), ("c1", "req-7")]

@@ -417,6 +417,11 @@ class _AwaitedBatch(_Job):
 
     def _never_started(self) -> list[ToolResult[Any]]:
         self.turn.close()
+        # In the awaiting task's context, like the batch it replaces (call hooks see it there).
+        results: list[ToolResult[Any]] = self.context.run(self._unstarted)
+        return results
+
+    def _unstarted(self) -> list[ToolResult[Any]]:
         results: list[ToolResult[Any]] = []
         first: BaseException | None = None
         for call in self.batch:  # every call observed, then the first interrupt (as a batch)
