@@ -42,6 +42,7 @@ from _registry_helpers import (
     Journal,
     holds_nothing,
     open_registry,
+    wait_until,
 )
 
 from toolreg import (
@@ -1453,3 +1454,51 @@ def test_call_hooks_of_an_unstarted_awaited_batch_see_the_awaiting_task_s_contex
 
         asyncio.run(main())
     assert seen.entries == [("c0", "req-7"), ("c1", "req-7")]
+
+
+def test_an_awaited_call_cancelled_by_a_close_that_began_during_its_admission_is_counted_out() -> (
+    None
+):
+    """Regression: admission cancels an entry that finds the registry closing (close() listed
+    the table before it); the helper then finished the unstarted call and counted it out under
+    key 0 before admit() returned the real key, so the entry stayed and close() waited forever.
+    The interleaving is replayed white-box: close() lists the table just before the job enters
+    it, and the helper counts the job out before admission returns."""
+    gate = Gate()
+    observed = Journal()
+    registry = ToolRegistry(max_workers=2)
+    registry.on_result(lambda result: observed((result.call.name, result.code)))
+    registry.tool(name="stubborn")(lambda args, ctx: gate.hold())  # keeps close() waiting
+    registry.tool(name="t")(lambda args, ctx: "ok")
+    dispatcher = registry._dispatcher
+    track, untrack = dispatcher.track, dispatcher.untrack
+    counted_out = threading.Event()
+    closer: list[Caller] = []
+
+    def untrack_and_tell(key: int) -> None:
+        untrack(key)
+        counted_out.set()
+
+    def track_while_closing(entry: Any) -> int:
+        closer.append(Caller(registry.close, name="test-closer"))
+        wait_until(lambda: dispatcher._idle_waiters > 0, "close() to wait for the table")
+        key = track(entry)  # finds the registry closing: cancels the job, the helper ends it
+        assert counted_out.wait(WAIT), "the helper never counted the cancelled job out"
+        return key
+
+    async def main() -> ToolResult[Any]:
+        return await asyncio.wait_for(AsyncToolRegistry(registry).execute("t"), WAIT)
+
+    stubborn = Caller(lambda: registry.execute("stubborn"))
+    try:
+        gate.wait_reached()
+        dispatcher.track = track_while_closing  # type: ignore[method-assign]
+        dispatcher.untrack = untrack_and_tell  # type: ignore[method-assign]
+        result = asyncio.run(main())
+    finally:
+        gate.release()
+    assert stubborn.join().code == ABORTED
+    closer[0].join()  # close() returns: nothing was left counted in
+    assert result.code == BEFORE
+    assert sorted(observed.entries) == [("stubborn", ABORTED), ("t", BEFORE)]
+    assert registry.closed and dispatcher.active() == 0

@@ -293,6 +293,7 @@ class Dispatcher:
         return self.track(entry)
 
     def track(self, entry: Cancellable) -> int:
+        """Count `entry` in; its key is `id(entry)`. It may be cancelled before this returns."""
         key = id(entry)
         self._calls[key] = entry
         if self._closing:  # close() may have listed the table before this entry

@@ -164,7 +164,10 @@ class AsyncToolRegistry:
         so a loop that is closed with the call in flight leaves nothing counted in.
         """
         dispatcher = self._dispatcher
-        job.key = dispatcher.admit(job, dispatcher.inside())  # entry: close() waits for it
+        # Entry: close() waits for it. Admission may cancel the job at once (a close() that
+        # began meanwhile), and the helper may then count it out before admit() returns: its
+        # key is known from the start.
+        dispatcher.admit(job, dispatcher.inside())
         try:
             self._submit(job)
         except BaseException:
@@ -262,7 +265,7 @@ class _Job(Claim):
         self.outcome: tuple[bool, Any] | None = None  # set on the loop thread
         self._cancel_reason: object = _NOT_CANCELLED  # set by the canceller
         self._state: CallState | None = None  # the running call's state (awaited calls)
-        self.key = 0  # its place in the in-flight table
+        self.key = id(self)  # its place in the in-flight table (the key track() gives it)
 
     def _work(self) -> Any:
         raise NotImplementedError
