@@ -37,8 +37,8 @@ from ._cancel import CancelSource, CancelToken
 from ._catalog import CatalogEntry
 from ._claim import Claim
 from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, SigintRequest, deferred_sigint
+from ._pipeline import check_entry
 from ._results import ToolCall, ToolResult, frozen_call
-from ._tools import freeze_arguments
 
 __all__ = ["BatchHost", "Progress", "check_batch", "execute_batch"]
 
@@ -260,15 +260,9 @@ class BatchRun:
 
     def _parallel_safe(self, index: int, call: ToolCall) -> bool:
         """Entry checks, once; whether the call may overlap others (only an exact True)."""
-        entry = self.host.tools.lookup(call.name) if type(call.name) is str else None
-        if entry is None:
-            return False
-        try:
-            arguments = freeze_arguments(call.arguments)
-            if entry.validator is not None:
-                entry.validator(arguments)  # bad arguments mean exclusive, even for True
-        except Exception:  # InvalidArguments or the validator's JsonSchemaException
-            return False  # the call's own entry checks will report it
+        arguments, entry, problem = check_entry(self.host.tools.entries, call)
+        if problem is not None or arguments is None or entry is None:
+            return False  # exclusive, even for True: the call's own entry checks report it
         self.admitted[index] = (frozen_call(call.name, arguments, call.call_id), entry)
         safe = entry.tool.concurrency_safe
         if safe is True or safe is False:
