@@ -107,7 +107,7 @@ class Dispatcher:
         # runs, and the calls table is read and written without it (see the module docstring).
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when _calls empties
-        self._idle_waiters = 0  # wait_idle()/close() callers; _untrack notifies only if any
+        self._idle_waiters = 0  # wait_idle()/close() callers; untrack notifies only if any
         self._idle_callbacks: dict[int, Callable[[], object]] = {}  # the facade's own wake-ups
         self._calls: dict[int, Cancellable] = {}
         self._closing = False
@@ -171,9 +171,7 @@ class Dispatcher:
             token = state.token
             if token._links:  # made eager (someone listened): leave nothing on the caller's
                 token._close()
-            calls.pop(key, None)
-            if not calls and (self._idle_waiters or self._idle_callbacks):
-                self._notify_idle()
+            self.untrack(key)
         return result, state.interrupted
 
     def execute(
@@ -232,16 +230,15 @@ class Dispatcher:
         if self._pool is not None:
             self._pool._hand_over(item, may_block=may_block)
             return
+        self._submit_foreign(item)
+
+    def _submit_foreign(self, item: Any) -> bool:
+        # The slower path for a caller's ThreadPoolExecutor: a Future per body (or batch runner,
+        # or awaited job), watched so that an item the executor drops
+        # (shutdown(cancel_futures=True)) ends its call at once.
         self._check_usable()
         future = self._executor.submit(self._run_foreign, item)
         future.add_done_callback(functools.partial(_drop_if_cancelled, item))
-
-    def _submit_foreign(self, ctx: ToolContext) -> bool:
-        # The slower path for a caller's ThreadPoolExecutor: a Future per body, watched so
-        # that a body the executor drops (shutdown(cancel_futures=True)) ends its call at once.
-        self._check_usable()
-        future = self._executor.submit(self._run_foreign, ctx)
-        future.add_done_callback(functools.partial(_drop_if_cancelled, ctx))
         return False
 
     def _run_foreign(self, item: Any) -> None:
@@ -300,13 +297,12 @@ class Dispatcher:
             entry.cancel("registry closed")
         return key
 
-    def _untrack(self, key: int) -> None:
+    def untrack(self, key: int) -> None:
+        """Count the entry under `key` out; wake the idle waiters if it was the last one."""
         calls = self._calls
         calls.pop(key, None)
         if not calls and (self._idle_waiters or self._idle_callbacks):
             self._notify_idle()
-
-    untrack = _untrack
 
     def _notify_idle(self) -> None:
         with self._lock:
