@@ -84,10 +84,6 @@ class CoroutineRunner:
                 self.loop_ident = thread.ident
             return self._loop
 
-    def is_loop_thread(self, ident: int) -> bool:
-        """Whether `ident` is this runner's loop thread (where async bodies run)."""
-        return ident == self.loop_ident
-
     def after_fork(self) -> CoroutineRunner:
         """In a forked child: a new runner (the loop's thread did not survive the fork)."""
         return CoroutineRunner(self._name)

@@ -100,7 +100,9 @@ class WorkerPool(Executor):
         self._backlog: collections.deque[WorkItem] = collections.deque()  # every worker busy
         self._count = 0  # workers started (or being started), alive or not yet exited
         self._shutdown = False
-        self._threads: dict[int, _Worker] = {}  # thread ident -> its slot, for `_is_worker`
+        # Thread ident -> its slot, written by each worker for itself: the dispatcher reads it to
+        # run a call made on a worker inline, and shutdown() to find the threads to join.
+        self._threads: dict[int, _Worker] = {}
         self._ref = weakref.ref(self, functools.partial(_wake_all, self._idle))
         _POOLS.add(self)
 
@@ -169,10 +171,6 @@ class WorkerPool(Executor):
                 self._backlog.appendleft(item)
         logger.error("toolreg: %s could not start a worker thread", self._prefix)
 
-    def _is_worker(self, ident: int) -> bool:
-        """Whether the thread `ident` is one of this pool's workers (so it is running an item)."""
-        return ident in self._threads
-
     # -- the workers -------------------------------------------------------------------------
     #
     # A worker holds its pool only while it runs an item or looks for the next one, never while
@@ -190,7 +188,7 @@ class WorkerPool(Executor):
             self._idle.append(worker)
             return SLEEP
 
-    def _woken(self, worker: _Worker, woke: bool) -> WorkItem | _Sleep | None:
+    def _woken(self, worker: _Worker) -> WorkItem | _Sleep | None:
         """After a sleep: the item handed over, None to exit, or `SLEEP` again."""
         with self._lock:
             item = worker.item
@@ -299,11 +297,11 @@ def _serve(pool_ref: weakref.ref[WorkerPool], threads: dict[int, _Worker], worke
         worker.item = None
         while True:
             if isinstance(item, _Sleep):
-                woke = worker.wake.acquire(timeout=_IDLE_CHECK)
+                worker.wake.acquire(timeout=_IDLE_CHECK)  # woken, or time to re-check
                 pool = pool_ref()
                 if pool is None:
                     return  # the pool was collected while this worker slept
-                item = pool._woken(worker, woke)
+                item = pool._woken(worker)
                 del pool
                 continue
             if item is None:
