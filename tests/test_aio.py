@@ -1008,6 +1008,28 @@ def test_async_body_can_call_another_async_tool_through_ctx_execute() -> None:
 # -- batches --------------------------------------------------------------------------------------
 
 
+def test_a_nested_async_body_runs_on_a_loop_of_its_own_with_the_outer_body_s_context() -> None:
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+    with open_registry(max_workers=1) as registry:
+
+        @registry.tool
+        async def inner(args: Any, ctx: Any) -> list[str]:
+            await asyncio.sleep(0)
+            return [request_id.get("-"), threading.current_thread().name]
+
+        @registry.tool
+        async def outer(args: Any, ctx: Any) -> list[Any]:
+            request_id.set("req-7")
+            nested = ctx.execute("inner")
+            assert nested.ok, nested
+            return [nested.value, threading.current_thread().name]
+
+        result = Caller(lambda: registry.execute("outer")).join()
+    (seen, inner_thread), outer_thread = result.value
+    assert seen == "req-7"
+    assert inner_thread != outer_thread and inner_thread.endswith("-async")
+
+
 def test_cancelling_the_awaiting_task_cancels_and_drains_the_batch() -> None:
     journal, started = Journal(), threading.Event()
     with open_registry(max_workers=2) as registry:
