@@ -12,8 +12,9 @@ Consecutive parallel calls form a segment, run by up to `max_parallel` runners: 
 each take the segment's next call (in input order) and run it, until the segment is used up, so
 workers never wait for the scheduler between calls. The scheduler waits for a segment's runners
 before it starts the next segment; an exclusive call is a segment of one, hence a barrier. The
-scheduler is woken once per segment (and once per finished call only when `on_progress` wants
-to hear of each).
+scheduler is woken once per runner, when it has finished (at most `max_parallel` per segment,
+however many calls the segment holds), once per finished call only when `on_progress` wants to
+hear of each, and once when the batch is cancelled.
 
 Turn cancellation: once the batch token is cancelled no further call starts. Runners stop taking
 calls, a runner still queued is claimed back by the scheduler (the same `Claim` as bodies), and
