@@ -49,6 +49,7 @@ from toolreg import (
     CancelSource,
     CancelToken,
     ErrorCode,
+    ExecutorRefusedError,
     RegistryClosedError,
     Tool,
     ToolCall,
@@ -1344,7 +1345,7 @@ def test_an_executor_that_refuses_the_call_fails_it_and_close_does_not_hang(warm
     registry.register(Tool("t", lambda args, ctx: "ok"))
 
     async def main() -> None:
-        with pytest.raises(RuntimeError, match="refused"):
+        with pytest.raises(ExecutorRefusedError, match="refused"):
             await asyncio.wait_for(AsyncToolRegistry(registry).execute("t"), WAIT)
 
     asyncio.run(main())

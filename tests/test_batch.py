@@ -47,7 +47,16 @@ from _registry_helpers import (
 )
 
 import toolreg
-from toolreg import Allow, Ask, CancelSource, ErrorCode, ToolCall, ToolRegistry, ToolResult
+from toolreg import (
+    Allow,
+    Ask,
+    CancelSource,
+    ErrorCode,
+    RegistryClosedError,
+    ToolCall,
+    ToolRegistry,
+    ToolResult,
+)
 
 TOOLREG_DIR = os.path.dirname(toolreg.__file__) + os.sep
 
@@ -851,7 +860,7 @@ def test_close_during_a_batch_cancels_it_and_waits_for_it() -> None:
     assert [r.code for r in results] == [ABORTED, ABORTED, BEFORE]
     assert trace.started == set() and sorted(trace.hooked) == ["c0", "c1"]
     trace.seen_once(results)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RegistryClosedError):
         registry.execute_batch([ToolCall("alone")])
 
 
