@@ -33,18 +33,30 @@ from typing import Any
 
 import anyio
 import pytest
-from _registry_helpers import ABORTED, BEFORE, WAIT, Journal, holds_nothing, open_registry
+from _registry_helpers import (
+    ABORTED,
+    BEFORE,
+    WAIT,
+    Caller,
+    Gate,
+    Journal,
+    holds_nothing,
+    open_registry,
+    wait_until,
+)
 
 from toolreg import (
     CancelSource,
     CancelToken,
     ErrorCode,
+    ExecutorRefusedError,
     RegistryClosedError,
     Tool,
     ToolCall,
     ToolRegistry,
     ToolResult,
 )
+from toolreg._pool import WorkerPool
 from toolreg.aio import AsyncToolRegistry
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -997,6 +1009,28 @@ def test_async_body_can_call_another_async_tool_through_ctx_execute() -> None:
 # -- batches --------------------------------------------------------------------------------------
 
 
+def test_a_nested_async_body_runs_on_a_loop_of_its_own_with_the_outer_body_s_context() -> None:
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+    with open_registry(max_workers=1) as registry:
+
+        @registry.tool
+        async def inner(args: Any, ctx: Any) -> list[str]:
+            await asyncio.sleep(0)
+            return [request_id.get("-"), threading.current_thread().name]
+
+        @registry.tool
+        async def outer(args: Any, ctx: Any) -> list[Any]:
+            request_id.set("req-7")
+            nested = ctx.execute("inner")
+            assert nested.ok, nested
+            return [nested.value, threading.current_thread().name]
+
+        result = Caller(lambda: registry.execute("outer")).join()
+    (seen, inner_thread), outer_thread = result.value
+    assert seen == "req-7"
+    assert inner_thread != outer_thread and inner_thread.endswith("-async")
+
+
 def test_cancelling_the_awaiting_task_cancels_and_drains_the_batch() -> None:
     journal, started = Journal(), threading.Event()
     with open_registry(max_workers=2) as registry:
@@ -1311,7 +1345,7 @@ def test_an_executor_that_refuses_the_call_fails_it_and_close_does_not_hang(warm
     registry.register(Tool("t", lambda args, ctx: "ok"))
 
     async def main() -> None:
-        with pytest.raises(RuntimeError, match="refused"):
+        with pytest.raises(ExecutorRefusedError, match="refused"):
             await asyncio.wait_for(AsyncToolRegistry(registry).execute("t"), WAIT)
 
     asyncio.run(main())
@@ -1319,3 +1353,175 @@ def test_an_executor_that_refuses_the_call_fails_it_and_close_does_not_hang(warm
     closer.start()
     closer.join(WAIT)
     assert not closer.is_alive(), "close() waits for a call the executor never took"
+
+
+# -- calls that never start -------------------------------------------------------------------
+
+
+def occupy_schedulers(areg: AsyncToolRegistry) -> threading.Event:
+    """White-box: the facade's batch schedulers are one busy thread, so an awaited batch waits
+    in their queue until the returned event is set."""
+    schedulers = WorkerPool(1, "test-schedulers")
+    busy, release = threading.Event(), threading.Event()
+    schedulers.submit(lambda: (busy.set(), release.wait(WAIT)))
+    assert busy.wait(WAIT)
+    areg._schedulers = schedulers
+    return release
+
+
+def test_a_call_hook_raising_an_interrupt_for_an_unstarted_awaited_batch_leaves_it_observed() -> (
+    None
+):
+    """docs/contract.md 7.2/8.3: every unstarted call is observed, even when a call hook raises
+    an interrupt for one of them (it ended the list of results there: the others were lost)."""
+
+    def hook(call: ToolCall, token: CancelToken) -> None:
+        if call.call_id == "c1":
+            raise SystemExit("hook says stop")
+
+    observed = Journal()
+    with open_registry(max_workers=2) as registry:
+        registry.add_call_hook(hook)
+        registry.on_result(lambda result: observed((result.call.call_id, result.code)))
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        calls = [ToolCall("t", {}, f"c{index}") for index in range(3)]
+
+        async def main() -> None:
+            areg = AsyncToolRegistry(registry)
+            release = occupy_schedulers(areg)
+            try:
+                task = asyncio.create_task(areg.execute_batch(calls))
+                await asyncio.sleep(0)  # entered: queued behind the busy scheduler
+                assert len(areg._schedulers._backlog) == 1  # type: ignore[union-attr]
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(task, WAIT)
+            finally:
+                release.set()
+                await areg.aclose()
+
+        asyncio.run(main())
+        assert registry.wait_idle(0)
+    assert sorted(observed.entries) == [(f"c{index}", BEFORE) for index in range(3)]
+
+
+def test_an_interrupt_from_a_call_hook_of_a_dropped_awaited_call_is_raised_after_it() -> None:
+    """docs/contract.md 7.4/17.6 for awaited calls: an interrupt a call hook raised is re-raised
+    once the call was observed, also for a call the executor dropped (it was swallowed)."""
+    gate = Gate()
+    observed = Journal()
+
+    def hook(call: ToolCall, token: CancelToken) -> None:
+        if call.name == "queued":
+            raise SystemExit("hook says stop")
+
+    pool = WorkerPool(1, "test-given")
+    try:
+        with ToolRegistry(executor=pool) as registry:
+            registry.add_call_hook(hook)
+            registry.on_result(lambda result: observed((result.call.name, result.code)))
+            registry.tool(name="blocker")(lambda args, ctx: gate.hold())
+            registry.tool(name="queued")(lambda args, ctx: "queued")
+            blocker = Caller(lambda: registry.execute("blocker"))
+            gate.wait_reached()
+
+            async def main() -> BaseException | None:
+                task = asyncio.create_task(awaited())
+                await asyncio.sleep(0)  # entered: queued behind the busy worker
+                assert len(pool._backlog) == 1
+                pool.shutdown(wait=False, cancel_futures=True)  # drops the awaited call
+                return await asyncio.wait_for(task, WAIT)
+
+            async def awaited() -> BaseException | None:
+                # Caught in the task: a SystemExit leaving a task stops the loop itself.
+                try:
+                    await AsyncToolRegistry(registry).execute("queued")
+                except SystemExit as exc:
+                    return exc
+                return None
+
+            raised = asyncio.run(main())
+            assert isinstance(raised, SystemExit) and str(raised) == "hook says stop"
+            assert observed.entries == [("queued", BEFORE)]
+            gate.release()
+            assert blocker.join().ok
+    finally:
+        gate.release()
+        pool.shutdown(wait=True)
+
+
+def test_call_hooks_of_an_unstarted_awaited_batch_see_the_awaiting_task_s_context() -> None:
+    """docs/contract.md 3.6 and 15.7: a batch call that never started goes through the call
+    hooks "in the awaiting task's" context (they ran in the helper thread's)."""
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+    seen = Journal()
+    with open_registry(max_workers=2) as registry:
+        registry.add_call_hook(lambda call, token: seen((call.call_id, request_id.get("-"))))
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        calls = [ToolCall("t", {}, f"c{index}") for index in range(2)]
+
+        async def main() -> None:
+            request_id.set("req-7")
+            areg = AsyncToolRegistry(registry)
+            release = occupy_schedulers(areg)
+            try:
+                task = asyncio.create_task(areg.execute_batch(calls))
+                await asyncio.sleep(0)  # entered: queued behind the busy scheduler
+                assert len(areg._schedulers._backlog) == 1  # type: ignore[union-attr]
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await asyncio.wait_for(task, WAIT)
+            finally:
+                release.set()
+                await areg.aclose()
+
+        asyncio.run(main())
+    assert seen.entries == [("c0", "req-7"), ("c1", "req-7")]
+
+
+def test_an_awaited_call_cancelled_by_a_close_that_began_during_its_admission_is_counted_out() -> (
+    None
+):
+    """Regression: admission cancels an entry that finds the registry closing (close() listed
+    the table before it); the helper then finished the unstarted call and counted it out under
+    key 0 before admit() returned the real key, so the entry stayed and close() waited forever.
+    The interleaving is replayed white-box: close() lists the table just before the job enters
+    it, and the helper counts the job out before admission returns."""
+    gate = Gate()
+    observed = Journal()
+    registry = ToolRegistry(max_workers=2)
+    registry.on_result(lambda result: observed((result.call.name, result.code)))
+    registry.tool(name="stubborn")(lambda args, ctx: gate.hold())  # keeps close() waiting
+    registry.tool(name="t")(lambda args, ctx: "ok")
+    dispatcher = registry._dispatcher
+    track, untrack = dispatcher.track, dispatcher.untrack
+    counted_out = threading.Event()
+    closer: list[Caller] = []
+
+    def untrack_and_tell(key: int) -> None:
+        untrack(key)
+        counted_out.set()
+
+    def track_while_closing(entry: Any) -> int:
+        closer.append(Caller(registry.close, name="test-closer"))
+        wait_until(lambda: dispatcher._idle_waiters > 0, "close() to wait for the table")
+        key = track(entry)  # finds the registry closing: cancels the job, the helper ends it
+        assert counted_out.wait(WAIT), "the helper never counted the cancelled job out"
+        return key
+
+    async def main() -> ToolResult[Any]:
+        return await asyncio.wait_for(AsyncToolRegistry(registry).execute("t"), WAIT)
+
+    stubborn = Caller(lambda: registry.execute("stubborn"))
+    try:
+        gate.wait_reached()
+        dispatcher.track = track_while_closing  # type: ignore[method-assign]
+        dispatcher.untrack = untrack_and_tell  # type: ignore[method-assign]
+        result = asyncio.run(main())
+    finally:
+        gate.release()
+    assert stubborn.join().code == ABORTED
+    closer[0].join()  # close() returns: nothing was left counted in
+    assert result.code == BEFORE
+    assert sorted(observed.entries) == [("stubborn", ABORTED), ("t", BEFORE)]
+    assert registry.closed and dispatcher.active() == 0

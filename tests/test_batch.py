@@ -47,7 +47,16 @@ from _registry_helpers import (
 )
 
 import toolreg
-from toolreg import Allow, Ask, CancelSource, ErrorCode, ToolCall, ToolRegistry, ToolResult
+from toolreg import (
+    Allow,
+    Ask,
+    CancelSource,
+    ErrorCode,
+    RegistryClosedError,
+    ToolCall,
+    ToolRegistry,
+    ToolResult,
+)
 
 TOOLREG_DIR = os.path.dirname(toolreg.__file__) + os.sep
 
@@ -851,7 +860,7 @@ def test_close_during_a_batch_cancels_it_and_waits_for_it() -> None:
     assert [r.code for r in results] == [ABORTED, ABORTED, BEFORE]
     assert trace.started == set() and sorted(trace.hooked) == ["c0", "c1"]
     trace.seen_once(results)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RegistryClosedError):
         registry.execute_batch([ToolCall("alone")])
 
 
@@ -1102,3 +1111,28 @@ def test_an_interrupt_raised_by_a_hook_on_a_worker_is_still_observed_once(
     assert counts.get("c1") == 1, counts
     if results is not None:
         trace.seen_once(results)
+
+
+@pytest.mark.parametrize("exit_exc", [SystemExit, KeyboardInterrupt])
+def test_a_call_hook_raising_an_interrupt_for_an_unstarted_call_leaves_it_observed(
+    exit_exc: type[BaseException],
+) -> None:
+    # docs/contract.md 7.2 and 7.4: the unstarted call is still observed, then the batch raises.
+    def hook(call: ToolCall, token: object) -> None:
+        if call.call_id == "c1":
+            raise exit_exc("hook says stop")
+
+    source = CancelSource()
+    source.cancel("turn over")
+    with open_registry(max_workers=2) as registry:
+        trace = traced(registry)
+        registry.add_call_hook(hook)
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        with pytest.raises(exit_exc, match="hook says stop"):
+            registry.execute_batch(batch_of(["t"] * 3), token=source.token)
+        assert registry.wait_idle(0)
+    with trace.lock:
+        assert {call_id: len(seen) for call_id, seen in trace.observed.items()} == {
+            call_id: 1 for call_id in ids(3)
+        }
+        assert all(seen[0].code == BEFORE for seen in trace.observed.values())

@@ -24,8 +24,11 @@ from _registry_helpers import (
 
 from toolreg import (
     CancelSource,
+    ErrorCode,
+    ToolCall,
     ToolContext,
     ToolRegistry,
+    WorkerPool,
 )
 
 
@@ -137,3 +140,153 @@ def test_joining_waits_for_the_body_never_for_the_future_and_never_cancels_it() 
         assert pool.cancel_calls == 0
     finally:
         pool.shutdown(wait=True)
+
+
+# -- WorkerPool as a concurrent.futures.Executor -----------------------------------------------
+
+
+def test_worker_pool_shutdown_waits_for_a_worker_whose_thread_is_not_started_yet() -> None:
+    # A hand-off with may_block=False (an event loop's) counts a new worker in and leaves its
+    # thread to the helper to start: shutdown(wait=True) returned before that work ran.
+    pool = WorkerPool(1, "test-late-start")
+    go = threading.Event()  # lets the helper start the worker's thread
+    start_later = pool._start_later
+
+    def held_start(worker: Any, thread: threading.Thread) -> None:
+        assert go.wait(WAIT), "the test never let the worker start"
+        start_later(worker, thread)
+
+    pool._start_later = held_start  # type: ignore[method-assign]
+    ran = threading.Event()
+
+    class Item:
+        def _run(self) -> None:
+            ran.set()
+
+        def _drop(self) -> None:
+            pass
+
+    pool._hand_over(Item(), may_block=False)
+    shutdown = Caller(lambda: (pool.shutdown(wait=True), ran.is_set())[1], name="test-shutdown")
+    wait_until(lambda: pool._shutdown, "shutdown() to begin")  # white-box
+    go.set()
+    assert shutdown.join() is True, "shutdown(wait=True) returned before the accepted work ran"
+
+
+def test_a_worker_pool_passed_in_runs_the_bodies_and_survives_close() -> None:
+    pool = WorkerPool(2, "given-workers")
+    try:
+        with ToolRegistry(executor=pool) as registry:
+            registry.tool(name="where")(lambda args, ctx: threading.current_thread().name)
+            assert registry.execute("where").value.startswith("given-workers-")
+        assert registry.closed
+        assert pool.submit(lambda: "still open").result(WAIT) == "still open"
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_worker_pool_submit_and_map_behave_like_an_executor() -> None:
+    with WorkerPool(max_workers=2) as pool:
+        assert isinstance(pool, Executor) and pool.max_workers == 2
+        assert pool.submit(pow, 2, 10).result(WAIT) == 1024
+        assert pool.submit(lambda *, key: key, key="kw").result(WAIT) == "kw"
+        failing = pool.submit(int, "not a number")
+        with pytest.raises(ValueError):
+            failing.result(WAIT)
+        squares = pool.map(lambda x: x * x, range(10), timeout=WAIT)
+        assert list(squares) == [x * x for x in range(10)]
+
+
+def test_worker_pool_shutdown_runs_queued_work_then_refuses_more() -> None:
+    pool = WorkerPool(1, "test-shutdown")
+    gate = Gate()
+    running = pool.submit(gate.hold)
+    gate.wait_reached()
+    queued = pool.submit(lambda: "queued ran")
+    shutdown = Caller(lambda: pool.shutdown(wait=True))
+    assert shutdown.still_blocked()  # a check: it waits for the work it accepted
+    gate.release()
+    shutdown.join()
+    assert running.done() and queued.result(0) == "queued ran"  # done before shutdown returned
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: None)
+    pool.shutdown(wait=True)  # idempotent
+
+
+def test_worker_pool_shutdown_with_cancel_futures_cancels_the_queued_work() -> None:
+    pool = WorkerPool(1, "test-cancel-futures")
+    gate = Gate()
+    running = pool.submit(gate.hold)
+    gate.wait_reached()
+    queued = pool.submit(lambda: "never")
+    pool.shutdown(wait=False, cancel_futures=True)
+    assert queued.cancelled()
+    gate.release()
+    assert running.result(WAIT) is None
+    pool.shutdown(wait=True)
+
+
+def test_worker_pool_threads_are_daemons_named_prefix_dash_number() -> None:
+    barrier = threading.Barrier(3)  # both workers at once, so the pool starts two threads
+
+    def meet() -> threading.Thread:
+        barrier.wait(WAIT)
+        return threading.current_thread()
+
+    with WorkerPool(2, "named") as pool:
+        futures = [pool.submit(meet) for _ in range(2)]
+        barrier.wait(WAIT)
+        threads = [future.result(WAIT) for future in futures]
+    assert sorted(thread.name for thread in threads) == ["named-1", "named-2"]
+    assert all(thread.daemon for thread in threads)
+
+
+@pytest.mark.parametrize("workers", [0, -1])
+def test_worker_pool_and_registry_refuse_max_workers_below_one(workers: int) -> None:
+    with pytest.raises(ValueError, match="max_workers"):
+        WorkerPool(workers)
+    with pytest.raises(ValueError, match="max_workers"):
+        ToolRegistry(max_workers=workers)
+
+
+def test_max_workers_and_executor_together_are_a_type_error() -> None:
+    pool = WorkerPool(1)
+    try:
+        with pytest.raises(TypeError, match="not both"):
+            ToolRegistry(max_workers=2, executor=pool)
+    finally:
+        pool.shutdown(wait=True)
+
+
+def _shut_down_executor(kind: str) -> Executor:
+    executor: Executor = WorkerPool(2) if kind == "WorkerPool" else ThreadPoolExecutor(2)
+    executor.shutdown(wait=True)
+    return executor
+
+
+@pytest.mark.parametrize("kind", ["WorkerPool", "ThreadPoolExecutor"])
+def test_a_sync_call_on_an_executor_its_owner_shut_down_is_a_tool_error(kind: str) -> None:
+    # docs/contract.md 17.7: "a sync call is a TOOL_ERROR ("the executor refused the body")".
+    ran: list[str] = []
+    with ToolRegistry(executor=_shut_down_executor(kind)) as registry:
+        registry.tool(name="t")(lambda args, ctx: ran.append("body"))
+        result = registry.execute("t")
+    assert result.code == ErrorCode.TOOL_ERROR and not result.dispatched
+    assert result.error is not None and "the executor refused the body" in result.error.message
+    assert ran == []
+
+
+@pytest.mark.parametrize("kind", ["WorkerPool", "ThreadPoolExecutor"])
+def test_a_batch_on_an_executor_its_owner_shut_down_is_cancelled(kind: str) -> None:
+    # docs/contract.md 17.7 and 7.8: the batch is cancelled; unstarted calls are
+    # ABORTED_BEFORE_DISPATCH, observed like any other.
+    ran: list[str] = []
+    observed: list[str] = []
+    with ToolRegistry(executor=_shut_down_executor(kind)) as registry:
+        registry.tool(name="t", concurrency_safe=True)(lambda args, ctx: ran.append("body"))
+        registry.on_result(lambda result: observed.append(result.call.call_id))
+        calls = [ToolCall("t", {}, f"c{index}") for index in range(3)]
+        results = registry.execute_batch(calls)
+        assert registry.wait_idle(0)
+    assert [result.code for result in results] == [BEFORE] * 3
+    assert sorted(observed) == ["c0", "c1", "c2"] and ran == []

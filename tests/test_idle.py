@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
 from _registry_helpers import WAIT, Caller, Gate, open_registry
 
-from toolreg import ToolCall, ToolContext, ToolRegistry
+from toolreg import InsideCallError, ToolCall, ToolContext, ToolRegistry
 from toolreg.aio import AsyncToolRegistry
 
 Args = Any
@@ -85,14 +86,14 @@ def test_wait_idle_from_inside_a_call_raises() -> None:
         def body(args: Args, ctx: ToolContext) -> str:
             try:
                 registry.wait_idle(WAIT)
-            except RuntimeError as exc:
+            except InsideCallError as exc:
                 raised.append(exc)
             return "ok"
 
         def observer(result: Any) -> None:
             try:
                 registry.wait_idle(WAIT)
-            except RuntimeError as exc:
+            except InsideCallError as exc:
                 raised.append(exc)
 
         registry.on_result(observer)
@@ -109,7 +110,7 @@ def test_awaited_wait_idle_from_an_async_body_raises() -> None:
         async def body(args: Args, ctx: ToolContext) -> str:
             try:
                 await areg.wait_idle(WAIT)
-            except RuntimeError as exc:
+            except InsideCallError as exc:
                 raised.append(exc)
             return "ok"
 
@@ -117,10 +118,62 @@ def test_awaited_wait_idle_from_an_async_body_raises() -> None:
     assert len(raised) == 1
 
 
-@pytest.mark.parametrize(("timeout", "error"), [("1", TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    ("timeout", "error"), [("1", TypeError), (True, TypeError), (float("nan"), ValueError)]
+)
 def test_wait_idle_checks_its_timeout(timeout: Any, error: type[Exception]) -> None:
-    with open_registry() as registry, pytest.raises(error):
-        registry.wait_idle(timeout)
+    with open_registry() as registry:
+        with pytest.raises(error):
+            registry.wait_idle(timeout)
+
+        async def main() -> None:
+            with pytest.raises(error):
+                await AsyncToolRegistry(registry).wait_idle(timeout)
+
+        asyncio.run(main())
+
+
+def test_a_negative_timeout_means_do_not_wait() -> None:
+    # docs/contract.md 11.2: "a negative one means do not wait".
+    gate = Gate()
+    with open_registry() as registry:
+        assert registry.wait_idle(-1) is True  # idle: True at once
+        add_held_tool(registry, gate)
+        call = Caller(lambda: registry.execute("held"))
+        gate.wait_reached()
+        try:
+            assert registry.wait_idle(-1) is False  # busy: False at once, without waiting
+
+            async def main() -> bool:
+                return await AsyncToolRegistry(registry).wait_idle(-5.0)
+
+            assert asyncio.run(main()) is False
+        finally:
+            gate.release()
+        assert call.join().ok
+        assert registry.wait_idle(WAIT) is True
+
+
+@pytest.mark.parametrize("where", ["pre_execute", "call_hook", "post_execute"])
+def test_wait_idle_from_inside_a_hook_raises_inside_call_error(where: str) -> None:
+    raised: list[BaseException] = []
+
+    def hook(*args: Any) -> None:
+        try:
+            registry.wait_idle(WAIT)
+        except InsideCallError as exc:
+            raised.append(exc)
+
+    with open_registry() as registry:
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        if where == "pre_execute":
+            registry.add_pre_execute(hook)
+        elif where == "call_hook":
+            registry.add_call_hook(hook)  # type: ignore[arg-type]
+        else:
+            registry.add_post_execute(hook)
+        assert registry.execute("t").ok
+    assert len(raised) == 1, raised
 
 
 def test_an_abandoned_awaited_wait_leaves_nothing_behind() -> None:
@@ -139,3 +192,58 @@ def test_an_abandoned_awaited_wait_leaves_nothing_behind() -> None:
     with open_registry() as registry:
         add_held_tool(registry, gate)
         asyncio.run(main(registry))
+
+
+class _LeavesWhileRead(dict):  # type: ignore[type-arg]
+    """The in-flight table, white-box: the first time `call_when_idle` reads whether anything
+    is in flight, the last entry leaves on another thread right after that read."""
+
+    def __init__(self, table: dict[int, Any], leave: Any) -> None:
+        super().__init__(table)
+        self.leave = leave
+        self.armed = True
+
+    def __len__(self) -> int:
+        seen = dict.__len__(self)
+        if self.armed and seen and threading.get_ident() == threading.main_thread().ident:
+            self.armed = False
+            self.leave()
+        return seen  # what the reader had read before the entry left
+
+
+def test_awaited_wait_idle_sees_the_last_call_leave_right_after_it_looked() -> None:
+    # The last call leaves (its lock-free pop and check) between wait_idle's look at the table
+    # and its next step: its wake-up must not be lost.
+    class Entry:
+        def cancel(self, reason: object) -> None:
+            pass
+
+    with open_registry() as registry:
+        dispatcher = registry._dispatcher
+        key = dispatcher.track(Entry())
+        passed = threading.Event()  # the leaving thread is done with its check
+        notify = dispatcher._notify_idle
+
+        def notify_idle() -> None:
+            passed.set()  # it is about to wake the waiters (blocked until the reader is done)
+            notify()
+
+        dispatcher._notify_idle = notify_idle  # type: ignore[method-assign]
+
+        def leave() -> None:
+            def untrack() -> None:
+                try:
+                    dispatcher.untrack(key)
+                finally:
+                    passed.set()
+
+            threading.Thread(target=untrack, name="test-leaver", daemon=True).start()
+            assert passed.wait(WAIT), "the leaving thread never got past its check"
+
+        dispatcher._calls = _LeavesWhileRead(dispatcher._calls, leave)
+
+        async def main() -> bool:
+            return await AsyncToolRegistry(registry).wait_idle(WAIT)
+
+        assert asyncio.run(main()) is True
+        assert dispatcher.active() == 0 and dispatcher._idle_callbacks == {}

@@ -12,8 +12,9 @@ Consecutive parallel calls form a segment, run by up to `max_parallel` runners: 
 each take the segment's next call (in input order) and run it, until the segment is used up, so
 workers never wait for the scheduler between calls. The scheduler waits for a segment's runners
 before it starts the next segment; an exclusive call is a segment of one, hence a barrier. The
-scheduler is woken once per segment (and once per finished call only when `on_progress` wants
-to hear of each).
+scheduler is woken once per runner, when it has finished (at most `max_parallel` per segment,
+however many calls the segment holds), once per finished call only when `on_progress` wants to
+hear of each, and once when the batch is cancelled.
 
 Turn cancellation: once the batch token is cancelled no further call starts. Runners stop taking
 calls, a runner still queued is claimed back by the scheduler (the same `Claim` as bodies), and
@@ -37,8 +38,8 @@ from ._cancel import CancelSource, CancelToken
 from ._catalog import CatalogEntry
 from ._claim import Claim
 from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, SigintRequest, deferred_sigint
+from ._pipeline import check_entry
 from ._results import ToolCall, ToolResult, frozen_call
-from ._tools import freeze_arguments
 
 __all__ = ["BatchHost", "Progress", "check_batch", "execute_batch"]
 
@@ -260,15 +261,9 @@ class BatchRun:
 
     def _parallel_safe(self, index: int, call: ToolCall) -> bool:
         """Entry checks, once; whether the call may overlap others (only an exact True)."""
-        entry = self.host.tools.lookup(call.name) if type(call.name) is str else None
-        if entry is None:
-            return False
-        try:
-            arguments = freeze_arguments(call.arguments)
-            if entry.validator is not None:
-                entry.validator(arguments)  # bad arguments mean exclusive, even for True
-        except Exception:  # InvalidArguments or the validator's JsonSchemaException
-            return False  # the call's own entry checks will report it
+        arguments, entry, problem = check_entry(self.host.tools.entries, call)
+        if problem is not None or arguments is None or entry is None:
+            return False  # exclusive, even for True: the call's own entry checks report it
         self.admitted[index] = (frozen_call(call.name, arguments, call.call_id), entry)
         safe = entry.tool.concurrency_safe
         if safe is True or safe is False:

@@ -9,7 +9,6 @@ registry classifies it as `ABORTED`.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import threading
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -84,10 +83,6 @@ class CoroutineRunner:
                 self.loop_ident = thread.ident
             return self._loop
 
-    def is_loop_thread(self, ident: int) -> bool:
-        """Whether `ident` is this runner's loop thread (where async bodies run)."""
-        return ident == self.loop_ident
-
     def after_fork(self) -> CoroutineRunner:
         """In a forked child: a new runner (the loop's thread did not survive the fork)."""
         return CoroutineRunner(self._name)
@@ -119,24 +114,14 @@ def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> No
 
 
 def _run_in_fresh_loop(make: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken) -> Any:
-    result: list[Any] = []
+    """On the registry's loop thread, busy running our caller: a loop of our own, for one body.
 
-    def target() -> None:
-        runner = CoroutineRunner("toolreg-nested")
-        try:
-            result.append((True, runner.run(make, token)))
-        except BaseException as exc:
-            result.append((False, exc))
-        finally:
-            runner.close()
-
-    # The caller's context variables go along (a tracing span, a request id), as they would
-    # into a task on the registry's own loop.
-    context = contextvars.copy_context()
-    thread = threading.Thread(target=context.run, args=(target,), name="toolreg-nested-async")
-    thread.start()
-    thread.join()
-    ok, value = result[0]
-    if ok:
-        return value
-    raise value
+    This thread blocks until the body has settled, as any joiner does. The caller's context
+    variables go along (a tracing span, a request id): the task is made in a copy of this
+    thread's current context, as it would be on the registry's own loop.
+    """
+    runner = CoroutineRunner("toolreg-nested")
+    try:
+        return runner.run(make, token)
+    finally:
+        runner.close()

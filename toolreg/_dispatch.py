@@ -107,7 +107,7 @@ class Dispatcher:
         # runs, and the calls table is read and written without it (see the module docstring).
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # notified when _calls empties
-        self._idle_waiters = 0  # wait_idle()/close() callers; _untrack notifies only if any
+        self._idle_waiters = 0  # wait_idle()/close() callers; untrack notifies only if any
         self._idle_callbacks: dict[int, Callable[[], object]] = {}  # the facade's own wake-ups
         self._calls: dict[int, Cancellable] = {}
         self._closing = False
@@ -163,10 +163,7 @@ class Dispatcher:
             state.cancel("registry closed")
         try:
             if hooks.call_hooks:
-                try:
-                    state.traces = start_traces(hooks.call_hooks, call, state.token)
-                except INTERRUPTS as exc:  # a hook raised one, or a Ctrl-C landed: the call
-                    state.interrupt(exc)  # still runs its course (cancelled), then re-raises
+                _start_traces(state, hooks)
             if watcher is not None:
                 watcher.watch(state)
             result = execute_call(self, state, admitted)
@@ -174,9 +171,7 @@ class Dispatcher:
             token = state.token
             if token._links:  # made eager (someone listened): leave nothing on the caller's
                 token._close()
-            calls.pop(key, None)
-            if not calls and (self._idle_waiters or self._idle_callbacks):
-                self._notify_idle()
+            self.untrack(key)
         return result, state.interrupted
 
     def execute(
@@ -216,7 +211,7 @@ class Dispatcher:
         hooks = self._hooks.current
         state = CallState(call, hooks, never, mode, time.monotonic(), True, None)
         if hooks.call_hooks:  # traced like any call: its entry, then its end
-            state.traces = start_traces(hooks.call_hooks, call, state.token)
+            _start_traces(state, hooks)
         return never_started(state), state.interrupted
 
     def has_own_pool(self) -> bool:
@@ -235,16 +230,15 @@ class Dispatcher:
         if self._pool is not None:
             self._pool._hand_over(item, may_block=may_block)
             return
+        self._submit_foreign(item)
+
+    def _submit_foreign(self, item: Any) -> bool:
+        # The slower path for a caller's ThreadPoolExecutor: a Future per body (or batch runner,
+        # or awaited job), watched so that an item the executor drops
+        # (shutdown(cancel_futures=True)) ends its call at once.
         self._check_usable()
         future = self._executor.submit(self._run_foreign, item)
         future.add_done_callback(functools.partial(_drop_if_cancelled, item))
-
-    def _submit_foreign(self, ctx: ToolContext) -> bool:
-        # The slower path for a caller's ThreadPoolExecutor: a Future per body, watched so
-        # that a body the executor drops (shutdown(cancel_futures=True)) ends its call at once.
-        self._check_usable()
-        future = self._executor.submit(self._run_foreign, ctx)
-        future.add_done_callback(functools.partial(_drop_if_cancelled, ctx))
         return False
 
     def _run_foreign(self, item: Any) -> None:
@@ -296,19 +290,19 @@ class Dispatcher:
         return self.track(entry)
 
     def track(self, entry: Cancellable) -> int:
+        """Count `entry` in; its key is `id(entry)`. It may be cancelled before this returns."""
         key = id(entry)
         self._calls[key] = entry
         if self._closing:  # close() may have listed the table before this entry
             entry.cancel("registry closed")
         return key
 
-    def _untrack(self, key: int) -> None:
+    def untrack(self, key: int) -> None:
+        """Count the entry under `key` out; wake the idle waiters if it was the last one."""
         calls = self._calls
         calls.pop(key, None)
         if not calls and (self._idle_waiters or self._idle_callbacks):
             self._notify_idle()
-
-    untrack = _untrack
 
     def _notify_idle(self) -> None:
         with self._lock:
@@ -361,9 +355,12 @@ class Dispatcher:
         """
         key = next(_callback_keys)
         with self._lock:
-            if not self._calls:
-                return None
+            # Kept before the table is read, as wait_idle counts itself in first: a last call
+            # that leaves after this read finds the callback (its check takes no lock).
             self._idle_callbacks[key] = callback
+            if not self._calls:
+                del self._idle_callbacks[key]
+                return None
 
         def forget() -> None:
             with self._lock:
@@ -457,6 +454,15 @@ class Dispatcher:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "closing" if self._closing else "open"
         return f"<Dispatcher {state} in_flight={len(self._calls)} executor={self._executor!r}>"
+
+
+def _start_traces(state: CallState, hooks: HookSet) -> None:
+    """The call's traces from its call hooks. An interrupt a hook raised (or a Ctrl-C that
+    landed) is the call's: it still runs its course, cancelled and observed, then re-raises."""
+    try:
+        state.traces = start_traces(hooks.call_hooks, state.call, state.token)
+    except INTERRUPTS as exc:
+        state.interrupt(exc)
 
 
 def _drop_if_cancelled(item: Any, future: Future[Any]) -> None:

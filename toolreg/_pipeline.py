@@ -56,10 +56,10 @@ from ._results import (
     render_content,
 )
 from ._text import describe, safe_repr, safe_str
-from ._tools import InvalidArguments, freeze_arguments
+from ._tools import FrozenDict, InvalidArguments, freeze_arguments
 from ._traces import end_traces
 
-__all__ = ["PipelineHost", "describe", "execute", "never_started"]
+__all__ = ["PipelineHost", "check_entry", "describe", "execute", "never_started"]
 
 logger = logging.getLogger("toolreg")
 
@@ -116,25 +116,44 @@ def execute(
 def _entry_checks(host: PipelineHost, state: CallState) -> ToolResult[Any] | None:
     """The contract's entry checks, in order; a failed result, or None once admitted."""
     call = state.call
+    frozen, entry, problem = check_entry(host.tools.entries, call)
+    if frozen is None:
+        state.call = frozen_call(call.name, None, call.call_id)
+    elif state.owns_call:  # made by the registry from a name, seen by nobody yet: freeze in place
+        call.__dict__["arguments"] = frozen
+    else:
+        state.call = frozen_call(call.name, frozen, call.call_id)
+    if entry is None or problem is not None:
+        unknown = frozen is not None and entry is None
+        code = ErrorCode.UNKNOWN_TOOL if unknown else ErrorCode.INVALID_ARGS
+        return _failure(state.call, code, str(problem))
+    state.admit(state.call, entry)
+    return None
+
+
+def check_entry(
+    entries: Mapping[str, CatalogEntry], call: ToolCall
+) -> tuple[FrozenDict | None, CatalogEntry | None, str | None]:
+    """The entry checks of `call`: its frozen arguments, its tool's entry, and what failed.
+
+    In order: the arguments are frozen (None: they are not JSON), the tool is looked up (None:
+    unknown), the arguments are validated against its schema. The message says what failed;
+    None when the call passed. The batch classifies its calls with this too.
+    """
     try:
         frozen = freeze_arguments(call.arguments)
     except InvalidArguments as exc:
-        state.call = frozen_call(call.name, None, call.call_id)
-        return _failure(state.call, ErrorCode.INVALID_ARGS, str(exc))
-    if state.owns_call:  # made by the registry from a name, seen by nobody yet: freeze in place
-        call.__dict__["arguments"] = frozen
-    else:
-        call = state.call = frozen_call(call.name, frozen, call.call_id)
-    entry = host.tools.entries.get(call.name) if type(call.name) is str else None
+        return None, None, str(exc)
+    name = call.name
+    entry = entries.get(name) if type(name) is str else None
     if entry is None:
-        return _failure(call, ErrorCode.UNKNOWN_TOOL, f"unknown tool {safe_repr(call.name)}")
+        return frozen, None, f"unknown tool {safe_repr(name)}"
     if entry.validator is not None:
         try:
             entry.validator(frozen)
         except Exception as exc:  # the compiled validator's JsonSchemaException
-            return _failure(call, ErrorCode.INVALID_ARGS, str(getattr(exc, "message", exc)))
-    state.admit(call, entry)
-    return None
+            return frozen, entry, str(getattr(exc, "message", exc))
+    return frozen, entry, None
 
 
 def never_started(state: CallState) -> ToolResult[Any]:

@@ -95,11 +95,14 @@ class WorkerPool(Executor):
         # Guards _idle, _backlog, _count and _shutdown. Held only for list and deque operations
         # and for waking a worker: never while work runs.
         self._lock = threading.Lock()
+        self._exited = threading.Condition(self._lock)  # notified when a worker leaves _count
         self._idle: list[_Worker] = []  # sleeping workers; the last one is taken first
         self._backlog: collections.deque[WorkItem] = collections.deque()  # every worker busy
         self._count = 0  # workers started (or being started), alive or not yet exited
         self._shutdown = False
-        self._threads: dict[int, _Worker] = {}  # thread ident -> its slot, for `_is_worker`
+        # Thread ident -> its slot, written by each worker for itself: the dispatcher reads it to
+        # run a call made on a worker inline, and shutdown() to find the threads to join.
+        self._threads: dict[int, _Worker] = {}
         self._ref = weakref.ref(self, functools.partial(_wake_all, self._idle))
         _POOLS.add(self)
 
@@ -145,7 +148,11 @@ class WorkerPool(Executor):
                 self._lost(worker)
                 raise
         else:
-            HELPER.call_soon(lambda: self._start_later(worker, thread))
+            try:
+                HELPER.call_soon(lambda: self._start_later(worker, thread))
+            except BaseException:
+                self._lost(worker)  # never started: shutdown() must not wait for it
+                raise
 
     def _start_later(self, worker: _Worker, thread: threading.Thread) -> None:
         try:
@@ -157,16 +164,12 @@ class WorkerPool(Executor):
     def _lost(self, worker: _Worker) -> None:
         """A worker whose thread could not start: its item waits for the others."""
         with self._lock:
-            self._count -= 1
+            self._left()
             item = worker.item
             worker.item = None
             if item is not None:
                 self._backlog.appendleft(item)
         logger.error("toolreg: %s could not start a worker thread", self._prefix)
-
-    def _is_worker(self, ident: int) -> bool:
-        """Whether the thread `ident` is one of this pool's workers (so it is running an item)."""
-        return ident in self._threads
 
     # -- the workers -------------------------------------------------------------------------
     #
@@ -180,12 +183,12 @@ class WorkerPool(Executor):
             if self._backlog:
                 return self._backlog.popleft()
             if self._shutdown:
-                self._count -= 1
+                self._left()
                 return None
             self._idle.append(worker)
             return SLEEP
 
-    def _woken(self, worker: _Worker, woke: bool) -> WorkItem | _Sleep | None:
+    def _woken(self, worker: _Worker) -> WorkItem | _Sleep | None:
         """After a sleep: the item handed over, None to exit, or `SLEEP` again."""
         with self._lock:
             item = worker.item
@@ -195,11 +198,16 @@ class WorkerPool(Executor):
             if self._shutdown:
                 if worker in self._idle:
                     self._idle.remove(worker)
-                self._count -= 1
+                self._left()
                 return None
             if worker not in self._idle:  # popped without an item: put back (see module doc)
                 self._idle.append(worker)
             return SLEEP
+
+    def _left(self) -> None:
+        """With the lock held: one worker less (it exits, or its thread never started)."""
+        self._count -= 1
+        self._exited.notify_all()
 
     # -- Executor --------------------------------------------------------------------------------
 
@@ -213,7 +221,9 @@ class WorkerPool(Executor):
         """Stop accepting work; stop the workers once the queued work ran (or was dropped).
 
         `cancel_futures=True` drops the queued items (their waiters learn at once that they
-        will never run). `wait=True` joins the workers. Idempotent.
+        will never run). `wait=True` returns once every worker has finished its work and left,
+        counting the workers whose threads are still being started (a hand-off with
+        `may_block=False`); from one of the pool's own workers, all but that one. Idempotent.
         """
         with self._lock:
             self._shutdown = True
@@ -224,17 +234,30 @@ class WorkerPool(Executor):
             self._idle.clear()
             for worker in idle:
                 worker.wake.release()
-            threads = [w.thread for w in self._threads.values()] + [w.thread for w in idle]
-        for item in dropped:
+        self._drop_all(dropped)
+        if not wait:
+            return
+        me = threading.get_ident()
+        mine = 1 if me in self._threads else 0
+        with self._lock:
+            while self._count > mine:
+                self._exited.wait()
+            threads = [w.thread for i, w in list(self._threads.items()) if i != me]  # one copy
+            # Workers whose threads could not start leave their items here: none will run them.
+            stranded = [] if self._count else list(self._backlog)
+            if stranded:
+                self._backlog.clear()
+        self._drop_all(stranded)
+        for thread in threads:
+            if thread is not None:
+                thread.join()  # it has left its loop: only its last bytecodes remain
+
+    def _drop_all(self, items: list[WorkItem]) -> None:
+        for item in items:
             try:
                 item._drop()
             except BaseException:
                 logger.exception("toolreg: dropping a work item raised")
-        if wait:
-            me = threading.current_thread()
-            for thread in {t for t in threads if t is not None and t is not me}:
-                if thread.is_alive() or thread.ident is None:
-                    thread.join()
 
     def _after_fork_in_child(self) -> None:
         # The parent's workers did not survive the fork (except this thread, if it is one: it
@@ -242,6 +265,7 @@ class WorkerPool(Executor):
         me = threading.get_ident()
         mine = self._threads.get(me)
         self._lock = threading.Lock()
+        self._exited = threading.Condition(self._lock)
         self._idle.clear()
         self._backlog = collections.deque()
         self._threads.clear()  # in place: the dispatcher holds this very dict
@@ -273,11 +297,11 @@ def _serve(pool_ref: weakref.ref[WorkerPool], threads: dict[int, _Worker], worke
         worker.item = None
         while True:
             if isinstance(item, _Sleep):
-                woke = worker.wake.acquire(timeout=_IDLE_CHECK)
+                worker.wake.acquire(timeout=_IDLE_CHECK)  # woken, or time to re-check
                 pool = pool_ref()
                 if pool is None:
                     return  # the pool was collected while this worker slept
-                item = pool._woken(worker, woke)
+                item = pool._woken(worker)
                 del pool
                 continue
             if item is None:

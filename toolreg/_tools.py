@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import re
@@ -133,7 +132,7 @@ def compile_schema(tool: Tool) -> tuple[dict[str, Any], Validator | None]:
     therefore exactly the enforced one.
     """
     if tool.parameters is None:
-        return _plain(EMPTY_SCHEMA), None
+        return thaw(EMPTY_SCHEMA), None
     return _compile_object_schema(tool.name, "parameters", tool.parameters)
 
 
@@ -148,11 +147,12 @@ def _compile_object_schema(
     name: str, what: str, given: Mapping[str, Any]
 ) -> tuple[dict[str, Any], Validator]:
     try:
-        freeze_arguments(given)  # every catalog must stay JSON-serializable
+        # Every catalog must stay JSON-serializable; the schema is read once, and the copy
+        # holds plain builtins only (no subclass with a custom __eq__ reaches the validator).
+        schema: dict[str, Any] = thaw(freeze_arguments(given))
     except InvalidArguments as exc:
         problem = str(exc).replace("arguments", "schema", 1)
         raise ValueError(f"tool {name!r}: the {what} schema is not JSON: {problem}") from None
-    schema = _plain(given)
     outside = _outside_ref(schema)
     if outside is not None:
         raise ValueError(
@@ -171,7 +171,7 @@ def _compile_object_schema(
 
     try:
         validator: Validator = fastjsonschema.compile(
-            _plain(schema), handlers=_NO_FETCHING, use_default=False
+            thaw(schema), handlers=_NO_FETCHING, use_default=False
         )
     except Exception as exc:
         raise ValueError(f"tool {name!r}: invalid {what} schema: {exc}") from exc
@@ -218,14 +218,6 @@ class _NoFetching(Mapping[str, Callable[[str], Any]]):
 
 
 _NO_FETCHING = _NoFetching()
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    return copy.copy(value)
 
 
 class FrozenDict(dict[str, Any]):

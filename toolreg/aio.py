@@ -164,7 +164,10 @@ class AsyncToolRegistry:
         so a loop that is closed with the call in flight leaves nothing counted in.
         """
         dispatcher = self._dispatcher
-        job.key = dispatcher.admit(job, dispatcher.inside())  # entry: close() waits for it
+        # Entry: close() waits for it. Admission may cancel the job at once (a close() that
+        # began meanwhile), and the helper may then count it out before admit() returns: its
+        # key is known from the start.
+        dispatcher.admit(job, dispatcher.inside())
         try:
             self._submit(job)
         except BaseException:
@@ -262,7 +265,7 @@ class _Job(Claim):
         self.outcome: tuple[bool, Any] | None = None  # set on the loop thread
         self._cancel_reason: object = _NOT_CANCELLED  # set by the canceller
         self._state: CallState | None = None  # the running call's state (awaited calls)
-        self.key = 0  # its place in the in-flight table
+        self.key = id(self)  # its place in the in-flight table (the key track() gives it)
 
     def _work(self) -> Any:
         raise NotImplementedError
@@ -373,7 +376,9 @@ class _AwaitedCall(_Job):
 
     def _never_started(self) -> ToolResult[Any]:
         # In the awaiting task's context, like the call it replaces (call hooks see it there).
-        result, _ = self.context.run(self.dispatcher.unstarted, self.call)
+        result, interrupted = self.context.run(self.dispatcher.unstarted, self.call)
+        if interrupted is not None:  # a call hook raised SystemExit/KeyboardInterrupt: as _work
+            raise interrupted
         return result
 
 
@@ -415,7 +420,21 @@ class _AwaitedBatch(_Job):
 
     def _never_started(self) -> list[ToolResult[Any]]:
         self.turn.close()
-        return [self.dispatcher.unstarted(call)[0] for call in self.batch]
+        # In the awaiting task's context, like the batch it replaces (call hooks see it there).
+        results: list[ToolResult[Any]] = self.context.run(self._unstarted)
+        return results
+
+    def _unstarted(self) -> list[ToolResult[Any]]:
+        results: list[ToolResult[Any]] = []
+        first: BaseException | None = None
+        for call in self.batch:  # every call observed, then the first interrupt (as a batch)
+            result, interrupted = self.dispatcher.unstarted(call)
+            results.append(result)
+            if first is None:
+                first = interrupted
+        if first is not None:
+            raise first
+        return results
 
 
 def _deliver(
