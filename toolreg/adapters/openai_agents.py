@@ -40,6 +40,7 @@ except ImportError as exc:  # the extra is not installed
     ) from exc
 
 from .. import CancelToken, ToolCall, ToolRegistry
+from .._catalog import _PROVIDER_NAME_LIMIT, _provider_accepts
 from ..aio import AsyncToolRegistry
 from ._common import (
     Selected,
@@ -51,9 +52,6 @@ from ._common import (
 )
 
 __all__ = ["AgentToolset"]
-
-_PROVIDER_NAME_LIMIT = 64  # OpenAI's function names: [A-Za-z0-9_-]{1,64}
-
 
 class AgentToolset:
     """Registry tools as OpenAI Agents SDK `FunctionTool`s, and the wait for abandoned calls.
@@ -92,7 +90,7 @@ class AgentToolset:
         # One per call whose task the SDK cancelled and may have abandoned; set when it settled.
         self._abandoned: set[concurrent.futures.Future[None]] = set()
         selection = select_tools(registry, names)
-        refused = [s.tool.name for s in selection if not _openai_accepts(s.tool.name)]
+        refused = [s.tool.name for s in selection if not _provider_accepts(s.tool.name)]
         if refused:
             raise ValueError(
                 f"OpenAI refuses tool names longer than {_PROVIDER_NAME_LIMIT} characters or "
@@ -172,7 +170,3 @@ class AgentToolset:
 
     def __repr__(self) -> str:
         return f"<AgentToolset tools={[tool.name for tool in self._tools]!r}>"
-
-
-def _openai_accepts(name: str) -> bool:
-    return len(name) <= _PROVIDER_NAME_LIMIT and "." not in name
