@@ -56,7 +56,7 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 
 from ._cancel import CancelSource, CancelToken
 from ._helper import HELPER
-from ._mcp_loop import Admission, ProgressPump
+from ._mcp_loop import ProgressPump
 from ._mcp_results import RequestCancelled, RequestId, answer
 from ._registry import ToolRegistry
 from ._results import ToolCall, ToolResult
@@ -113,7 +113,9 @@ class Bridge:
         self._registry = registry
         self._areg = AsyncToolRegistry(registry)
         self._token = token
-        self._admission = Admission(max_concurrent_calls)
+        # First come, first served; no yield when a slot is free (fast_acquire); a slot handed
+        # to a waiter cancelled before it resumed is passed on. Event loop only.
+        self._admission = anyio.Semaphore(max_concurrent_calls, fast_acquire=True)
         self._nonce = f"{os.urandom(4).hex()}-"  # with the counter: unique across processes
         self._counter = itertools.count(1)
         self.stopping = False
@@ -172,8 +174,7 @@ class Bridge:
         try:
             admitted = False
             try:
-                if not self._admission.try_acquire():
-                    await self._admission.acquire()
+                await self._admission.acquire()
                 admitted = True
                 # Ended before the call could start (while queued, or before this handler's
                 # first step): nothing may run, so the call must not even enter the registry.
