@@ -60,6 +60,7 @@ from ._mcp_loop import ProgressPump
 from ._mcp_results import RequestCancelled, RequestId, answer
 from ._registry import ToolRegistry
 from ._results import ToolCall, ToolResult
+from .adapters._common import wait_settled
 from .aio import AsyncToolRegistry
 
 __all__ = ["REASON_WAIT", "Bridge", "Connection"]
@@ -224,7 +225,7 @@ class Bridge:
             reason = await self._reason(request, request_id, running)
             if not running.done():
                 HELPER.call_soon(functools.partial(source.cancel, reason))
-            await _join(running)
+            await wait_settled(running)  # a started body is never abandoned
             if not running.cancelled():
                 running.exception()  # retrieved: the request is over, nobody else will read it
             raise  # never answered, even by a dispatcher that would deliver a late return
@@ -294,19 +295,6 @@ class Bridge:
         request.client_reason = params.reason
         if request.reason is not None and not request.reason.done():
             request.reason.set_result(None)
-
-
-async def _join(running: asyncio.Task[Any]) -> None:
-    """Wait until the call has settled, whatever cancellation arrives meanwhile; never spins.
-
-    The anyio shield stops anyio re-delivering the request's cancel at every await; a raw
-    `Task.cancel()` (a server tearing its tasks down) ends one `asyncio.wait` and the loop waits
-    again: a started body is never abandoned. The caller re-raises its own cancellation.
-    """
-    with anyio.CancelScope(shield=True):
-        while not running.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait((running,))
 
 
 def _session_id(ctx: ServerRequestContext[Connection]) -> str | None:
