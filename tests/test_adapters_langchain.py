@@ -121,6 +121,27 @@ def test_invoked_with_plain_arguments_it_returns_the_content() -> None:
     assert [r.code for r in s.observed.results] == [None, ErrorCode.INVALID_ARGS, None]
 
 
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_text_arguments_go_through_the_registry_json_or_not(mode: str) -> None:
+    """13.1: LangChain refuses text for a JSON Schema tool; the adapter hands it on instead."""
+    with scenario() as s:
+        add = _by_name(as_langchain_tools(s.registry))["add"]
+
+        def invoke(value: Any) -> Any:
+            return add.invoke(value) if mode == "invoke" else asyncio.run(add.ainvoke(value))
+
+        assert invoke('{"a": 1}') == "3"
+        assert invoke("not json") == "Error: arguments: must be a mapping, got str"
+        good = invoke({"type": "tool_call", "id": "c1", "name": "add", "args": '{"a": 4}'})
+        bad = invoke({"type": "tool_call", "id": "c2", "name": "add", "args": "not json"})
+    assert (good.tool_call_id, good.status, good.content) == ("c1", "success", "6")
+    assert (bad.tool_call_id, bad.status) == ("c2", "error")
+    assert bad.artifact.code == ErrorCode.INVALID_ARGS
+    assert [r.code for r in s.observed.results] == [None, ErrorCode.INVALID_ARGS] * 2
+    assert [r.call.call_id for r in s.observed.results][2:] == ["c1", "c2"]
+    assert s.bodies_run == [("add", {"a": 1}), ("add", {"a": 4})]
+
+
 def test_arguments_named_like_langchain_internals_reach_the_registry_intact() -> None:
     with open_registry() as registry:
         seen: list[dict[str, Any]] = []
