@@ -22,7 +22,14 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool, ToolException, tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from toolreg import CancelSource, CancelToken, ErrorCode, FrozenDict, ToolResult
+from toolreg import (
+    CancelSource,
+    CancelToken,
+    ErrorCode,
+    FrozenDict,
+    RegistryClosedError,
+    ToolResult,
+)
 from toolreg.adapters import langchain as module
 from toolreg.adapters.langchain import TOKEN_KEY, as_langchain_tools, from_langchain
 
@@ -236,6 +243,17 @@ def test_cancelling_the_ainvoke_task_cancels_the_call_and_joins_it(body: str) ->
     if body == "stubborn":
         expected.insert(1, "body returned")
     assert s.journal.entries == expected
+
+
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_a_call_that_cannot_run_raises_what_execute_raises(mode: str) -> None:
+    """13.1: a closed registry leaves no result to show the model."""
+    with scenario() as s:
+        add = _by_name(as_langchain_tools(s.registry))["add"]
+    call = _call("add", {"a": 1}, "c1")  # the scenario's registry is closed now
+    with pytest.raises(RegistryClosedError):
+        add.invoke(call) if mode == "invoke" else asyncio.run(add.ainvoke(call))
+    assert s.observed.results == []
 
 
 def test_a_token_that_is_not_a_cancel_token_is_a_type_error() -> None:

@@ -17,10 +17,10 @@ pytest.importorskip("agents")
 
 from _adapter_helpers import ADD_SCHEMA, scenario, still_pending, wait_event
 from _registry_helpers import ABORTED, BEFORE, WAIT, open_registry
-from agents import Agent, FunctionTool, RunConfig, Runner
+from agents import Agent, FunctionTool, RunConfig, Runner, UserError
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
-from toolreg import CancelSource, ErrorCode
+from toolreg import CancelSource, ErrorCode, RegistryClosedError
 from toolreg.adapters import openai_agents as module
 from toolreg.adapters.openai_agents import AgentToolset
 
@@ -116,6 +116,19 @@ def test_names_openai_refuses_and_misuse_are_errors_at_construction() -> None:
             AgentToolset(registry, token=object())  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="strict_json_schema"):
             AgentToolset(registry, strict_json_schema="yes")  # type: ignore[arg-type]
+
+
+def test_a_call_that_cannot_run_raises_into_the_run() -> None:
+    """13.1: a closed registry leaves no result to show the model; the SDK ends the run."""
+    with scenario() as s:
+        toolset = AgentToolset(s.registry, ["add"])
+    agent, model = _agent(  # the scenario's registry is closed now
+        toolset.tools, [[function_call("add", {"a": 1}, call_id="c1")], [assistant_message("")]]
+    )
+    with pytest.raises(UserError) as raised:
+        asyncio.run(Runner.run(agent, "add", run_config=NO_TRACING))
+    assert isinstance(raised.value.__cause__, RegistryClosedError)
+    assert len(model.calls) == 1 and s.observed.results == []
 
 
 def test_a_cancelled_toolset_token_starts_no_body() -> None:

@@ -30,7 +30,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
-from toolreg import CancelSource, ErrorCode
+from toolreg import CancelSource, ErrorCode, RegistryClosedError
 from toolreg.adapters import pydantic_ai as module
 from toolreg.adapters.pydantic_ai import RegistryToolset
 
@@ -157,6 +157,17 @@ def test_concurrency_safe_tools_overlap_and_the_others_run_alone() -> None:
         ("s1", "s2", "x1", "x2"), "success"
     )
     assert overlapped == [False]
+
+
+def test_a_call_that_cannot_run_raises_into_the_run() -> None:
+    """13.1: a closed registry leaves no result to show the model."""
+    script = Script([ToolCallPart("add", {"a": 1}, tool_call_id="c1")], [TextPart("never")])
+    with scenario() as s:
+        toolset = RegistryToolset(s.registry)
+    agent = Agent(FunctionModel(script), toolsets=[toolset])  # the registry is closed now
+    with pytest.raises(RegistryClosedError):
+        asyncio.run(agent.run("add"))
+    assert script.calls == 1 and s.observed.results == []
 
 
 def test_a_cancelled_toolset_token_starts_no_body() -> None:

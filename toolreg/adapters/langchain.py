@@ -11,7 +11,9 @@ through the registry's pipeline as model-driven calls (`start_if_cancelled=False
 * Invoked with a model's tool call (`{"type": "tool_call", "id": ..., "args": ...}`) the tool
   returns a `ToolMessage` whose content is `result.content`, whose artifact is the `ToolResult`,
   and whose status is `"error"` for any failure. Invoked with plain arguments it returns
-  `result.content`, as LangChain tools do.
+  `result.content`, as LangChain tools do. A call that could not run at all (the registry
+  closed, its executor refusing the call) raises `RegistryClosedError` or
+  `ExecutorRefusedError`, as `execute` does.
 * The schema is the registry's, as a JSON Schema `args_schema`: LangChain hands it to the model
   unchanged (no strict-mode rewriting unless you ask `bind_tools(..., strict=True)`), and does
   not validate against it: the registry does, so bad arguments reach observers as

@@ -3,7 +3,10 @@
 `AgentToolset(registry).tools` is a list of `FunctionTool`s to give an `Agent`. Each call runs
 through the registry's pipeline as a model-driven call (`start_if_cancelled=False`) on the
 asyncio facade, so the event loop is never blocked, and the model sees `result.content` for
-successes and failures alike (a failure never raises into the run).
+successes and failures alike: a failed call never raises into the run. A call that could not
+run at all has no result to show: with the registry closed, or its executor refusing the call,
+`on_invoke_tool` raises `RegistryClosedError` or `ExecutorRefusedError`, which the SDK turns
+into a `UserError` ending the run.
 
 Cancellation. The SDK cancels the task running a tool when the run is cancelled (a cancelled
 `Runner.run` task, `RunResultStreaming.cancel()`), when a sibling tool fails, and when its own
