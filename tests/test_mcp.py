@@ -21,6 +21,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -221,6 +222,14 @@ def test_build_server_and_serve_refuse_bad_arguments_before_anything_runs() -> N
         with pytest.raises(ValueError, match="path"):
             serve(registry, transport="streamable-http", path="mcp")
         assert not registry.closed
+
+
+def test_the_http_socket_listens_before_its_address_is_announced() -> None:
+    """`serve` logs the URL before uvicorn serves: a client connecting then must not be refused."""
+    from toolreg._mcp_transports import _bound
+
+    with _bound("127.0.0.1", 0) as sock, socket.create_connection(sock.getsockname()[:2], WAIT):
+        pass  # connected: the socket listens already
 
 
 def test_the_cli_target_names_a_registry_or_a_factory_and_bad_targets_exit_2(
