@@ -200,6 +200,24 @@ def test_the_invocation_token_cancels_a_running_sync_call() -> None:
     assert [r.code for r in s.observed.results] == [ABORTED]
 
 
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_the_adapter_token_cancels_a_running_call(mode: str) -> None:
+    turn = CancelSource()
+    with scenario() as s:
+        [lc_tool] = as_langchain_tools(s.registry, ["cooperative"], token=turn.token)
+        call = _call("cooperative", {}, "c1")
+        caller = Caller(
+            lambda: lc_tool.invoke(call) if mode == "invoke" else asyncio.run(lc_tool.ainvoke(call))
+        )
+        assert s.started.wait(WAIT)
+        turn.cancel("turn over")
+        message = caller.join()
+    assert (message.status, message.content) == ("error", "Error: tool call aborted")
+    assert message.artifact.code == ABORTED
+    assert [r.code for r in s.observed.results] == [ABORTED]
+    assert s.journal.entries == ["body saw cancel"]
+
+
 def test_a_sync_invoke_waits_for_a_body_that_ignores_cancellation() -> None:
     source = CancelSource()
     with scenario() as s:

@@ -146,6 +146,28 @@ def test_a_cancelled_toolset_token_starts_no_body() -> None:
     assert [r.code for r in s.observed.results] == [BEFORE]
 
 
+def test_the_toolset_token_cancels_a_running_call() -> None:
+    turn = CancelSource()
+    with scenario() as s:
+        toolset = AgentToolset(s.registry, ["cooperative"], token=turn.token)
+        agent, model = _agent(
+            toolset.tools,
+            [[function_call("cooperative", {}, call_id="c1")], [assistant_message("stopped")]],
+        )
+
+        async def main() -> Any:
+            run = asyncio.create_task(Runner.run(agent, "go", run_config=NO_TRACING))
+            await wait_event(s.started)
+            turn.cancel("turn over")
+            return await asyncio.wait_for(run, WAIT)
+
+        result = asyncio.run(main())
+    assert result.final_output == "stopped"
+    assert _outputs(model.calls[1]) == {"c1": "Error: tool call aborted"}
+    assert [r.code for r in s.observed.results] == [ABORTED]
+    assert s.journal.entries == ["body saw cancel"]
+
+
 @pytest.mark.parametrize("body", ["cooperative", "stubborn"])
 def test_a_cancelled_run_abandons_the_tool_and_drain_waits_for_its_body(body: str) -> None:
     with scenario() as s:

@@ -182,6 +182,26 @@ def test_a_cancelled_toolset_token_starts_no_body() -> None:
     assert [r.code for r in s.observed.results] == [BEFORE]
 
 
+def test_the_toolset_token_cancels_a_running_call() -> None:
+    turn = CancelSource()
+    script = Script([ToolCallPart("cooperative", {}, tool_call_id="c1")], [TextPart("stopped")])
+    with scenario() as s:
+        toolset = RegistryToolset(s.registry, ["cooperative"], token=turn.token)
+        agent = Agent(FunctionModel(script), toolsets=[toolset])
+
+        async def main() -> Any:
+            run = asyncio.create_task(agent.run("go"))
+            await wait_event(s.started)
+            turn.cancel("turn over")
+            return await asyncio.wait_for(run, WAIT)
+
+        result = asyncio.run(main())
+    assert result.output == "stopped"
+    assert script.shown == [{"c1": ("failed", "Error: tool call aborted")}]
+    assert [r.code for r in s.observed.results] == [ABORTED]
+    assert s.journal.entries == ["body saw cancel"]
+
+
 @pytest.mark.parametrize("body", ["cooperative", "stubborn"])
 @pytest.mark.parametrize("how", ["task", "cancellation-token"])
 def test_a_run_cancelled_mid_tool_returns_only_after_the_body_settled(body: str, how: str) -> None:
