@@ -207,7 +207,10 @@ def test_a_remote_exception_is_a_tool_error_with_the_remote_traceback(remote: Re
     result = remote.registry.execute("fail", {"what": "here"})
     assert result.code == ErrorCode.TOOL_ERROR and result.dispatched
     assert result.error is not None and result.error.message == "ValueError: bad input here"
-    cause = result.error.exception.__cause__ if result.error.exception else None
+    # 14.7: the remote exception itself, rebuilt on the caller, not a wrapper of it.
+    assert type(result.error.exception) is ValueError
+    assert result.error.exception.args == ("bad input here",)
+    cause = result.error.exception.__cause__
     assert isinstance(cause, RemoteTraceback) and "_dask_bodies.py" in cause.text
 
 
