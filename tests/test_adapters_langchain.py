@@ -22,7 +22,14 @@ from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, StructuredTool, ToolException, tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from toolreg import CancelSource, CancelToken, ErrorCode, FrozenDict, ToolResult
+from toolreg import (
+    CancelSource,
+    CancelToken,
+    ErrorCode,
+    FrozenDict,
+    RegistryClosedError,
+    ToolResult,
+)
 from toolreg.adapters import langchain as module
 from toolreg.adapters.langchain import TOKEN_KEY, as_langchain_tools, from_langchain
 
@@ -121,6 +128,27 @@ def test_invoked_with_plain_arguments_it_returns_the_content() -> None:
     assert [r.code for r in s.observed.results] == [None, ErrorCode.INVALID_ARGS, None]
 
 
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_text_arguments_go_through_the_registry_json_or_not(mode: str) -> None:
+    """13.1: LangChain refuses text for a JSON Schema tool; the adapter hands it on instead."""
+    with scenario() as s:
+        add = _by_name(as_langchain_tools(s.registry))["add"]
+
+        def invoke(value: Any) -> Any:
+            return add.invoke(value) if mode == "invoke" else asyncio.run(add.ainvoke(value))
+
+        assert invoke('{"a": 1}') == "3"
+        assert invoke("not json") == "Error: arguments: must be a mapping, got str"
+        good = invoke({"type": "tool_call", "id": "c1", "name": "add", "args": '{"a": 4}'})
+        bad = invoke({"type": "tool_call", "id": "c2", "name": "add", "args": "not json"})
+    assert (good.tool_call_id, good.status, good.content) == ("c1", "success", "6")
+    assert (bad.tool_call_id, bad.status) == ("c2", "error")
+    assert bad.artifact.code == ErrorCode.INVALID_ARGS
+    assert [r.code for r in s.observed.results] == [None, ErrorCode.INVALID_ARGS] * 2
+    assert [r.call.call_id for r in s.observed.results][2:] == ["c1", "c2"]
+    assert s.bodies_run == [("add", {"a": 1}), ("add", {"a": 4})]
+
+
 def test_arguments_named_like_langchain_internals_reach_the_registry_intact() -> None:
     with open_registry() as registry:
         seen: list[dict[str, Any]] = []
@@ -172,6 +200,24 @@ def test_the_invocation_token_cancels_a_running_sync_call() -> None:
     assert [r.code for r in s.observed.results] == [ABORTED]
 
 
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_the_adapter_token_cancels_a_running_call(mode: str) -> None:
+    turn = CancelSource()
+    with scenario() as s:
+        [lc_tool] = as_langchain_tools(s.registry, ["cooperative"], token=turn.token)
+        call = _call("cooperative", {}, "c1")
+        caller = Caller(
+            lambda: lc_tool.invoke(call) if mode == "invoke" else asyncio.run(lc_tool.ainvoke(call))
+        )
+        assert s.started.wait(WAIT)
+        turn.cancel("turn over")
+        message = caller.join()
+    assert (message.status, message.content) == ("error", "Error: tool call aborted")
+    assert message.artifact.code == ABORTED
+    assert [r.code for r in s.observed.results] == [ABORTED]
+    assert s.journal.entries == ["body saw cancel"]
+
+
 def test_a_sync_invoke_waits_for_a_body_that_ignores_cancellation() -> None:
     source = CancelSource()
     with scenario() as s:
@@ -215,6 +261,17 @@ def test_cancelling_the_ainvoke_task_cancels_the_call_and_joins_it(body: str) ->
     if body == "stubborn":
         expected.insert(1, "body returned")
     assert s.journal.entries == expected
+
+
+@pytest.mark.parametrize("mode", ["invoke", "ainvoke"])
+def test_a_call_that_cannot_run_raises_what_execute_raises(mode: str) -> None:
+    """13.1: a closed registry leaves no result to show the model."""
+    with scenario() as s:
+        add = _by_name(as_langchain_tools(s.registry))["add"]
+    call = _call("add", {"a": 1}, "c1")  # the scenario's registry is closed now
+    with pytest.raises(RegistryClosedError):
+        add.invoke(call) if mode == "invoke" else asyncio.run(add.ainvoke(call))
+    assert s.observed.results == []
 
 
 def test_a_token_that_is_not_a_cancel_token_is_a_type_error() -> None:

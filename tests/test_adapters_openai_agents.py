@@ -17,10 +17,10 @@ pytest.importorskip("agents")
 
 from _adapter_helpers import ADD_SCHEMA, scenario, still_pending, wait_event
 from _registry_helpers import ABORTED, BEFORE, WAIT, open_registry
-from agents import Agent, FunctionTool, RunConfig, Runner
+from agents import Agent, FunctionTool, RunConfig, Runner, UserError
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
-from toolreg import CancelSource, ErrorCode
+from toolreg import CancelSource, ErrorCode, RegistryClosedError
 from toolreg.adapters import openai_agents as module
 from toolreg.adapters.openai_agents import AgentToolset
 
@@ -118,6 +118,19 @@ def test_names_openai_refuses_and_misuse_are_errors_at_construction() -> None:
             AgentToolset(registry, strict_json_schema="yes")  # type: ignore[arg-type]
 
 
+def test_a_call_that_cannot_run_raises_into_the_run() -> None:
+    """13.1: a closed registry leaves no result to show the model; the SDK ends the run."""
+    with scenario() as s:
+        toolset = AgentToolset(s.registry, ["add"])
+    agent, model = _agent(  # the scenario's registry is closed now
+        toolset.tools, [[function_call("add", {"a": 1}, call_id="c1")], [assistant_message("")]]
+    )
+    with pytest.raises(UserError) as raised:
+        asyncio.run(Runner.run(agent, "add", run_config=NO_TRACING))
+    assert isinstance(raised.value.__cause__, RegistryClosedError)
+    assert len(model.calls) == 1 and s.observed.results == []
+
+
 def test_a_cancelled_toolset_token_starts_no_body() -> None:
     stop = CancelSource()
     stop.cancel("turn over")
@@ -131,6 +144,28 @@ def test_a_cancelled_toolset_token_starts_no_body() -> None:
     assert _outputs(model.calls[1]) == {"c1": "Error: tool call aborted before dispatch"}
     assert s.bodies_run == []
     assert [r.code for r in s.observed.results] == [BEFORE]
+
+
+def test_the_toolset_token_cancels_a_running_call() -> None:
+    turn = CancelSource()
+    with scenario() as s:
+        toolset = AgentToolset(s.registry, ["cooperative"], token=turn.token)
+        agent, model = _agent(
+            toolset.tools,
+            [[function_call("cooperative", {}, call_id="c1")], [assistant_message("stopped")]],
+        )
+
+        async def main() -> Any:
+            run = asyncio.create_task(Runner.run(agent, "go", run_config=NO_TRACING))
+            await wait_event(s.started)
+            turn.cancel("turn over")
+            return await asyncio.wait_for(run, WAIT)
+
+        result = asyncio.run(main())
+    assert result.final_output == "stopped"
+    assert _outputs(model.calls[1]) == {"c1": "Error: tool call aborted"}
+    assert [r.code for r in s.observed.results] == [ABORTED]
+    assert s.journal.entries == ["body saw cancel"]
 
 
 @pytest.mark.parametrize("body", ["cooperative", "stubborn"])

@@ -30,7 +30,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
-from toolreg import CancelSource, ErrorCode
+from toolreg import CancelSource, ErrorCode, RegistryClosedError
 from toolreg.adapters import pydantic_ai as module
 from toolreg.adapters.pydantic_ai import RegistryToolset
 
@@ -159,6 +159,17 @@ def test_concurrency_safe_tools_overlap_and_the_others_run_alone() -> None:
     assert overlapped == [False]
 
 
+def test_a_call_that_cannot_run_raises_into_the_run() -> None:
+    """13.1: a closed registry leaves no result to show the model."""
+    script = Script([ToolCallPart("add", {"a": 1}, tool_call_id="c1")], [TextPart("never")])
+    with scenario() as s:
+        toolset = RegistryToolset(s.registry)
+    agent = Agent(FunctionModel(script), toolsets=[toolset])  # the registry is closed now
+    with pytest.raises(RegistryClosedError):
+        asyncio.run(agent.run("add"))
+    assert script.calls == 1 and s.observed.results == []
+
+
 def test_a_cancelled_toolset_token_starts_no_body() -> None:
     stop = CancelSource()
     stop.cancel("turn over")
@@ -169,6 +180,26 @@ def test_a_cancelled_toolset_token_starts_no_body() -> None:
     assert script.shown == [{"c1": ("failed", "Error: tool call aborted before dispatch")}]
     assert s.bodies_run == []
     assert [r.code for r in s.observed.results] == [BEFORE]
+
+
+def test_the_toolset_token_cancels_a_running_call() -> None:
+    turn = CancelSource()
+    script = Script([ToolCallPart("cooperative", {}, tool_call_id="c1")], [TextPart("stopped")])
+    with scenario() as s:
+        toolset = RegistryToolset(s.registry, ["cooperative"], token=turn.token)
+        agent = Agent(FunctionModel(script), toolsets=[toolset])
+
+        async def main() -> Any:
+            run = asyncio.create_task(agent.run("go"))
+            await wait_event(s.started)
+            turn.cancel("turn over")
+            return await asyncio.wait_for(run, WAIT)
+
+        result = asyncio.run(main())
+    assert result.output == "stopped"
+    assert script.shown == [{"c1": ("failed", "Error: tool call aborted")}]
+    assert [r.code for r in s.observed.results] == [ABORTED]
+    assert s.journal.entries == ["body saw cancel"]
 
 
 @pytest.mark.parametrize("body", ["cooperative", "stubborn"])

@@ -207,7 +207,10 @@ def test_a_remote_exception_is_a_tool_error_with_the_remote_traceback(remote: Re
     result = remote.registry.execute("fail", {"what": "here"})
     assert result.code == ErrorCode.TOOL_ERROR and result.dispatched
     assert result.error is not None and result.error.message == "ValueError: bad input here"
-    cause = result.error.exception.__cause__ if result.error.exception else None
+    # 14.7: the remote exception itself, rebuilt on the caller, not a wrapper of it.
+    assert type(result.error.exception) is ValueError
+    assert result.error.exception.args == ("bad input here",)
+    cause = result.error.exception.__cause__
     assert isinstance(cause, RemoteTraceback) and "_dask_bodies.py" in cause.text
 
 
@@ -473,6 +476,42 @@ def test_a_worker_killed_mid_body_is_lost_once_and_never_run_again(
     assert remote.observed.results == [result]
     remote.client.wait_for_workers(1, timeout=30)
     assert not remote.is_set(twice)
+
+
+def test_closing_the_client_during_a_call_is_a_tool_error_saying_so(
+    threads_client: Client,
+) -> None:
+    """14.10: the calls in flight end as `TOOL_ERROR`, their bodies' fate unknown.
+
+    Closing a client releases its keys, so the call's future ends as cancelled: that must read
+    as the closed client, not as a Dask task that failed. A client of its own, on the same
+    threads cluster, so the module's client stays open.
+    """
+    own = Client(threads_client.scheduler.address)
+    backend = DaskBackend(own)
+    registry = ToolRegistry(max_workers=2)
+    observed = Observed()
+    registry.on_result(observed)
+    registry.tool(name="hold")(backend.remote(bodies.hold))
+    args = {"started": f"started-{uuid.uuid4().hex}", "release": f"release-{uuid.uuid4().hex}"}
+    try:
+        call = Caller(lambda: registry.execute("hold", args))
+        assert Event(args["started"], client=threads_client).wait(WAIT)
+        own.close()
+        result: ToolResult[Any] = call.join()
+        assert result.code == ErrorCode.TOOL_ERROR
+        assert result.error is not None and isinstance(result.error.exception, RemoteToolError)
+        assert "the Dask client was closed during the call" in result.error.message
+        assert observed.results == [result]
+    finally:
+        Event(args["release"], client=threads_client).set()  # the body runs on regardless
+        registry.close()
+        backend.close()
+        own.close()
+        with DaskBackend(threads_client) as watcher:
+            wait_until(lambda: settled(threads_client, watcher), "the body to end and go")
+        for name in args.values():
+            Event(name, client=threads_client).clear()
 
 
 # -- refusals at the boundary ---------------------------------------------------------------------

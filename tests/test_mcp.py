@@ -21,14 +21,17 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -214,6 +217,10 @@ def test_build_server_and_serve_refuse_bad_arguments_before_anything_runs() -> N
             build_server(registry, max_concurrent_calls=0)
         with pytest.raises(TypeError, match="CancelToken"):
             build_server(registry, token="stop")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="name"):
+            build_server(registry, name="")
+        with pytest.raises(ValueError, match="host"):
+            serve(registry, transport="streamable-http", host="")
         with pytest.raises(ValueError, match="transport"):
             serve(registry, transport="sse")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="port"):
@@ -221,6 +228,14 @@ def test_build_server_and_serve_refuse_bad_arguments_before_anything_runs() -> N
         with pytest.raises(ValueError, match="path"):
             serve(registry, transport="streamable-http", path="mcp")
         assert not registry.closed
+
+
+def test_the_http_socket_listens_before_its_address_is_announced() -> None:
+    """`serve` logs the URL before uvicorn serves: a client connecting then must not be refused."""
+    from toolreg._mcp_transports import _bound
+
+    with _bound("127.0.0.1", 0) as sock, socket.create_connection(sock.getsockname()[:2], WAIT):
+        pass  # connected: the socket listens already
 
 
 def test_the_cli_target_names_a_registry_or_a_factory_and_bad_targets_exit_2(
@@ -236,9 +251,17 @@ def test_the_cli_target_names_a_registry_or_a_factory_and_bad_targets_exit_2(
     made, owned = _mcp_cli.load_registry("mcp_fixture:make_registry")
     assert owned and [tool.name for tool in made.tools()] == ["add"]
     made.close()
+    # A dotted attribute: an object in the module holding the registry, or a factory.
+    holder = SimpleNamespace(registry=mcp_fixture.registry, make=mcp_fixture.make_registry)
+    monkeypatch.setattr(mcp_fixture, "holder", holder, raising=False)
+    assert _mcp_cli.load_registry("mcp_fixture:holder.registry") == (mcp_fixture.registry, False)
+    made, owned = _mcp_cli.load_registry("mcp_fixture:holder.make")
+    assert owned and [tool.name for tool in made.tools()] == ["add"]
+    made.close()
     for target, problem in [
         ("mcp_fixture:nothing", "has no attribute 'nothing'"),
         ("mcp_fixture:WAIT", "is a float: name a ToolRegistry"),
+        ("mcp_fixture:registry.nothing", "has no attribute 'registry.nothing'"),
         (":registry", "TARGET must be module:attribute"),
         ("no_such_module_here", "No module named"),
     ]:
@@ -423,6 +446,47 @@ def test_a_closed_registry_is_a_protocol_error_internal_error() -> None:
     assert run(main).code == types.INTERNAL_ERROR
 
 
+def test_a_refusing_executor_is_a_protocol_error_internal_error() -> None:
+    executor = ThreadPoolExecutor(max_workers=1)
+    with open_registry(executor=executor) as registry:
+        registry.tool(name="work", description="never runs")(lambda args, ctx: "ran")
+        executor.shutdown()  # its owner shut it down: it refuses every body
+
+        async def main() -> MCPError:
+            async with wire(build_server(registry)) as w:
+                with pytest.raises(MCPError) as caught:
+                    await w.client.call_tool("work")
+                return caught.value
+
+        error = run(main)
+    assert error.code == types.INTERNAL_ERROR
+    assert "refused" in error.message
+
+
+def test_a_server_token_cancelled_before_the_request_runs_nothing() -> None:
+    stop, bodies, hooks = CancelSource(), [], []
+    stop.cancel("server stopping")
+    with served() as (registry, observed):
+        registry.add_pre_execute(lambda call, token: hooks.append(call.call_id))
+
+        @registry.tool(description="never runs")
+        def work(args: Any, ctx: ToolContext) -> str:
+            bodies.append("work")
+            return "ran"
+
+        async def main() -> types.CallToolResult:
+            async with wire(build_server(registry, token=stop.token)) as w:
+                return await w.client.call_tool("work")
+
+        result = run(main)
+    assert result.is_error
+    assert meta(result)["toolreg/code"] == "ABORTED_BEFORE_DISPATCH"
+    assert meta(result)["toolreg/dispatched"] is False
+    assert result.content[0].model_dump()["text"] == "Error: tool call aborted before dispatch"
+    assert bodies == [] and hooks == []
+    assert observed.codes == [BEFORE]
+
+
 # -- cancellation ---------------------------------------------------------------------------------
 
 
@@ -501,6 +565,8 @@ def test_a_read_timeout_answers_the_client_at_once_while_the_server_joins_the_bo
                 assert [tool.name for tool in listing.tools] == ["stubborn"]
                 await in_thread(partial(seen["token"].wait, WAIT))
                 journal.append("body cancelled, still held")
+                # The handler returns only after the call has settled: it is still joining.
+                assert not w.settled.event(seen["id"]).is_set()
                 gate.release()
                 await w.settled.wait(seen["id"])
                 assert not w.tap.answered(seen["id"])  # the late success is never sent

@@ -57,7 +57,12 @@ __all__ = ["Attempt", "deliver"]
 
 logger = logging.getLogger("toolreg")
 
-_CHECK_SECONDS = 1.0  # how often a joiner off the main thread checks that the client lives
+# How often a joiner off the main thread checks that the client lives. `_follow` reports a
+# client closed during the call; this covers a client whose event loop stopped before `_follow`
+# resumed (close() stops the loop it owns right after releasing the keys), when nothing else
+# would ever post the attempt's end.
+_CHECK_SECONDS = 1.0
+_CLOSED = ("closing", "closed")  # Client.status once close() has begun
 
 Message = tuple[Any, ...]  # ("progress", p, total, msg) | ("outcome", Outcome) | ("refused",)
 # | ("failed", exception)
@@ -153,8 +158,8 @@ class Attempt:
             try:
                 message = inbox.get(timeout=slice_)
             except queue.Empty:
-                if self._client.status in ("closing", "closed"):
-                    return ("failed", RemoteToolError("the Dask client was closed during the call"))
+                if self._client.status in _CLOSED:
+                    return ("failed", _client_closed())
                 continue
             except BaseException as exc:  # asynchronous: nothing else runs on this line
                 _interrupt(ctx, exc)
@@ -186,7 +191,9 @@ class Attempt:
         try:
             outcome = await self._client.gather(future, asynchronous=True)
         except BaseException as exc:  # erred or cancelled: KilledWorker, a lost scheduler, ...
-            self._decide(("failed", exc))
+            # Closing the client releases every key: the future's cancel is not the task's end.
+            closed = self._client.status in _CLOSED
+            self._decide(("failed", _client_closed() if closed else exc))
         else:
             self._decide(("outcome", outcome))
 
@@ -268,6 +275,10 @@ def _failure(exc: BaseException, ctx: ToolContext) -> Exception:
     error = RemoteToolError(f"the Dask task of the call failed: {type(exc).__name__}: {exc}")
     error.__cause__ = exc
     return error
+
+
+def _client_closed() -> RemoteToolError:
+    return RemoteToolError("the Dask client was closed during the call; its outcome is unknown")
 
 
 def _lost(ctx: ToolContext) -> RemoteWorkerLost:

@@ -56,10 +56,11 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 
 from ._cancel import CancelSource, CancelToken
 from ._helper import HELPER
-from ._mcp_loop import Admission, ProgressPump
+from ._mcp_loop import ProgressPump
 from ._mcp_results import RequestCancelled, RequestId, answer
 from ._registry import ToolRegistry
 from ._results import ToolCall, ToolResult
+from .adapters._common import wait_settled
 from .aio import AsyncToolRegistry
 
 __all__ = ["REASON_WAIT", "Bridge", "Connection"]
@@ -113,7 +114,9 @@ class Bridge:
         self._registry = registry
         self._areg = AsyncToolRegistry(registry)
         self._token = token
-        self._admission = Admission(max_concurrent_calls)
+        # First come, first served; no yield when a slot is free (fast_acquire); a slot handed
+        # to a waiter cancelled before it resumed is passed on. Event loop only.
+        self._admission = anyio.Semaphore(max_concurrent_calls, fast_acquire=True)
         self._nonce = f"{os.urandom(4).hex()}-"  # with the counter: unique across processes
         self._counter = itertools.count(1)
         self.stopping = False
@@ -172,8 +175,7 @@ class Bridge:
         try:
             admitted = False
             try:
-                if not self._admission.try_acquire():
-                    await self._admission.acquire()
+                await self._admission.acquire()
                 admitted = True
                 # Ended before the call could start (while queued, or before this handler's
                 # first step): nothing may run, so the call must not even enter the registry.
@@ -223,7 +225,7 @@ class Bridge:
             reason = await self._reason(request, request_id, running)
             if not running.done():
                 HELPER.call_soon(functools.partial(source.cancel, reason))
-            await _join(running)
+            await wait_settled(running)  # a started body is never abandoned
             if not running.cancelled():
                 running.exception()  # retrieved: the request is over, nobody else will read it
             raise  # never answered, even by a dispatcher that would deliver a late return
@@ -293,19 +295,6 @@ class Bridge:
         request.client_reason = params.reason
         if request.reason is not None and not request.reason.done():
             request.reason.set_result(None)
-
-
-async def _join(running: asyncio.Task[Any]) -> None:
-    """Wait until the call has settled, whatever cancellation arrives meanwhile; never spins.
-
-    The anyio shield stops anyio re-delivering the request's cancel at every await; a raw
-    `Task.cancel()` (a server tearing its tasks down) ends one `asyncio.wait` and the loop waits
-    again: a started body is never abandoned. The caller re-raises its own cancellation.
-    """
-    with anyio.CancelScope(shield=True):
-        while not running.done():
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait((running,))
 
 
 def _session_id(ctx: ServerRequestContext[Connection]) -> str | None:

@@ -1,14 +1,14 @@
-"""Event-loop plumbing of the MCP bridge: admission slots and the progress pump.
+"""Event-loop plumbing of the MCP bridge: the progress pump.
 
-The bridge's handlers run on one asyncio event loop; these helpers keep per-request work
-bounded and ordered (`Admission`, `ProgressPump`). Token cancellations, whose callbacks are user
-code, run on toolreg's helper threads (`_helper.HELPER`), never on the loop.
+The bridge's handlers run on one asyncio event loop; `ProgressPump` keeps a request's progress
+notifications ordered and coalesced (admission is an `anyio.Semaphore`, see `Bridge`). Token
+cancellations, whose callbacks are user code, run on toolreg's helper threads
+(`_helper.HELPER`), never on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 from typing import Any
 
@@ -16,48 +16,9 @@ from mcp.server.context import ServerRequestContext
 
 from ._progress import ToolProgress
 
-__all__ = ["Admission", "ProgressPump"]
+__all__ = ["ProgressPump"]
 
 logger = logging.getLogger("toolreg")
-
-
-class Admission:
-    """`max_concurrent_calls` slots, handed over first come, first served (event loop only)."""
-
-    __slots__ = ("_free", "_waiting")
-
-    def __init__(self, slots: int) -> None:
-        self._free = slots
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    def try_acquire(self) -> bool:
-        """Take a free slot without waiting, unless others are already waiting."""
-        if self._free and not self._waiting:
-            self._free -= 1
-            return True
-        return False
-
-    async def acquire(self) -> None:
-        """Wait for a slot; a cancelled waiter holds none (a slot handed to it is passed on)."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(waiter)
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # handed over just as it was cancelled: pass it on
-            else:
-                self._waiting.remove(waiter)
-            raise
-
-    def release(self) -> None:
-        """Give the slot to the longest waiter, or free it."""
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self._free += 1
 
 
 class ProgressPump:

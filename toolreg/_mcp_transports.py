@@ -121,6 +121,9 @@ def _bound(host: str, port: int) -> Iterator[socket.socket]:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        # Listening before the address is announced: a client that connects before uvicorn
+        # serves waits in the backlog instead of being refused.
+        sock.listen()
         yield sock
     finally:
         sock.close()

@@ -17,7 +17,8 @@ nothing (observers still see `ABORTED_BEFORE_DISPATCH`).
 Results: a success is text content (`result.content`) plus `structuredContent` when the value
 is a JSON object; a failure (`INVALID_ARGS`, `DENIED`, `TOOL_ERROR`, `HOOK_ERROR`,
 `TOOL_TIMEOUT`, and aborts the client did not cause) is `isError: true` with the error text; an
-unknown tool is the protocol error -32602; a closed registry -32603. `_meta` carries
+unknown tool is the protocol error -32602; a call that could not run at all (a closed registry,
+a refusing executor) -32603. `_meta` carries
 `toolreg/code` (null on success), `toolreg/dispatched`, `toolreg/callId` and, when they are
 JSON, the deferred contexts as `toolreg/contexts`. A body's `ctx.report_progress` becomes
 `notifications/progress` (coalesced to the latest) when the request carried a progress token,
@@ -79,8 +80,8 @@ def build_server(
     `version=None` advertises toolreg's own version. `token` cancels every call (each request
     runs under a child of it). `max_concurrent_calls` bounds the calls in the registry at once;
     later requests wait for admission, and one cancelled while waiting runs nothing. The server
-    never closes the registry. Run it with `serve()`, `server.run(read, write, options)` or
-    `server.streamable_http_app()`, on an asyncio event loop.
+    never closes the registry. Run it on an asyncio event loop, with `server.run(read, write,
+    options)` or `server.streamable_http_app()`; `serve(registry)` builds its own and runs it.
     """
     server, _ = _build(registry, name, version, instructions, token, max_concurrent_calls)
     return server

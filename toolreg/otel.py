@@ -42,9 +42,9 @@ consistently unsampled), but nothing is recorded on it.
 
 Calls that never started. A batch or awaited call that a cancellation left unstarted goes
 through the call hooks like any other, so its span is a child of the span current where it was
-entered (the batch caller's, or the awaiting task's) and has no body scope. An `on_result`
-observer stays installed as a fallback: a result that reaches the observers without a trace
-having ended it is traced from its own timeline.
+entered (the batch caller's, or the awaiting task's), has no body scope, and ends with its
+`ABORTED_BEFORE_DISPATCH`. The call hook is all there is: no observer is installed, so a tracer
+that raises is logged once and that call simply has no span.
 
 Example::
 
@@ -122,46 +122,15 @@ def instrument(
             f"one), got {type(tracer_provider).__name__}"
         )
     tracer = trace.get_tracer(__name__, _own_version(), tracer_provider)
-    tracing = _Tracing(tracer, registry.get)
-    # The observer first and the hook second (removed in the reverse order), so no call ever
-    # has the hook without the observer: every result the hook's trace ended is forgotten by
-    # the observer, and nothing stays behind in `tracing.ended`.
-    observer = registry.on_result(tracing.observe)
-    try:
-        hook = registry.add_call_hook(tracing.start)
-    except BaseException:
-        observer.remove()
-        raise
-    return _Instrumentation(hook, observer)
-
-
-class _Instrumentation(Registration):
-    """Removes the call hook, then the observer; `remove()` is True the first time."""
-
-    __slots__ = ("_hook", "_observer")
-
-    def __init__(self, hook: Registration, observer: Registration) -> None:
-        self._hook = hook
-        self._observer = observer
-
-    def remove(self) -> bool:
-        removed = self._hook.remove()
-        self._observer.remove()
-        return removed
-
-    def __repr__(self) -> str:
-        return f"<toolreg.otel instrumentation {self._hook!r}>"
+    return registry.add_call_hook(_Tracing(tracer, registry.get).start)
 
 
 class _Tracing:
-    """One instrumentation: its tracer, the call hook, and the observer of unstarted calls."""
+    """One instrumentation: its tracer, and the call hook that starts each call's span."""
 
     def __init__(self, tracer: Tracer, lookup: Callable[[str], Tool | None]) -> None:
         self.tracer = tracer
         self.lookup = lookup  # registry.get: the tool (for its description), or None
-        # id(result) -> result for every result a trace ended, until the observer sees it (the
-        # same thread, right after). Single dict stores and pops are atomic: no lock.
-        self.ended: dict[int, ToolResult[Any]] = {}
 
     def start(self, call: ToolCall, token: CancelToken) -> _CallSpan:
         """The call hook: start the call's span, a child of the current one."""
@@ -174,24 +143,7 @@ class _Tracing:
             self._attributes(call),
             start_time=started,
         )
-        return _CallSpan(self, span, parent, token, started)
-
-    def observe(self, result: ToolResult[Any]) -> None:
-        """The observer: a result that no trace ended never passed the hook; trace it now."""
-        if self.ended.pop(id(result), None) is not None:
-            return
-        timeline = result.timeline
-        if timeline is None:  # never for a final result; nothing to place the span with
-            return
-        entered = _ns(timeline.entered)
-        span = self.tracer.start_span(
-            _span_name(result.call),
-            None,
-            _INTERNAL,
-            self._attributes(result.call),
-            start_time=entered,
-        )
-        _finish(span, result, None, None, entered, entered + _ns(timeline.finished))
+        return _CallSpan(span, parent, token, started)
 
     def _attributes(self, call: ToolCall) -> dict[str, Any]:
         name = _text(call.name)
@@ -239,13 +191,9 @@ class _CallSpan:
         "_span",
         "_started",
         "_token",
-        "_tracing",
     )
 
-    def __init__(
-        self, tracing: _Tracing, span: Span, parent: Context, token: CancelToken, started: int
-    ) -> None:
-        self._tracing = tracing
+    def __init__(self, span: Span, parent: Context, token: CancelToken, started: int) -> None:
         self._span = span
         self._parent = parent
         self._token = token  # the call's own token
@@ -269,8 +217,6 @@ class _CallSpan:
             self._overdue.append(now)
 
     def end(self, result: ToolResult[Any]) -> None:
-        # First, so that even a failure below never makes the observer trace the call again.
-        self._tracing.ended[id(result)] = result
         span = self._span
         if not self._recording:
             span.end()

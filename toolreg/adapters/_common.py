@@ -1,6 +1,6 @@
 """What every adapter needs: argument checks, the tool selection, token fusion, a settled wait.
 
-Nothing here imports a framework.
+Nothing here imports a framework. The MCP bridge uses `wait_settled` too.
 """
 
 from __future__ import annotations
@@ -113,8 +113,11 @@ def parse_arguments(raw: str) -> Any:
 async def wait_settled(task: asyncio.Future[Any]) -> None:
     """Wait until `task` is done, absorbing any cancellation of the waiter meanwhile.
 
-    Under anyio, which cancels again at every await of a cancelled scope, the wait runs in a
-    shielded scope so it sleeps instead of spinning. The task's outcome is left to the caller.
+    Shared by the adapters and the MCP bridge. Under anyio, which cancels again at every await
+    of a cancelled scope, the wait runs in a shielded scope so it sleeps instead of spinning; a
+    raw `Task.cancel()` (a server tearing its tasks down) ends one `asyncio.wait`, and the loop
+    waits again. `asyncio.wait` never cancels `task` nor raises its exception: the task's
+    outcome is left to the caller, who re-raises its own cancellation.
     """
     anyio = sys.modules.get("anyio")
     while not task.done():

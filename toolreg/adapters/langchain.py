@@ -11,11 +11,15 @@ through the registry's pipeline as model-driven calls (`start_if_cancelled=False
 * Invoked with a model's tool call (`{"type": "tool_call", "id": ..., "args": ...}`) the tool
   returns a `ToolMessage` whose content is `result.content`, whose artifact is the `ToolResult`,
   and whose status is `"error"` for any failure. Invoked with plain arguments it returns
-  `result.content`, as LangChain tools do.
+  `result.content`, as LangChain tools do. A call that could not run at all (the registry
+  closed, its executor refusing the call) raises `RegistryClosedError` or
+  `ExecutorRefusedError`, as `execute` does.
 * The schema is the registry's, as a JSON Schema `args_schema`: LangChain hands it to the model
   unchanged (no strict-mode rewriting unless you ask `bind_tools(..., strict=True)`), and does
   not validate against it: the registry does, so bad arguments reach observers as
-  `INVALID_ARGS`.
+  `INVALID_ARGS`. Arguments may be a mapping or JSON text, plain or as a tool call's `args`
+  (LangChain itself refuses text for a JSON Schema tool); text that is not JSON, or JSON that
+  is not an object, is handed to the registry as it is and fails there as `INVALID_ARGS`.
 
 `from_langchain(registry, lc_tool)` registers a LangChain tool as a registry tool: a tool with a
 native async implementation becomes an `async def` body (cancelled when the call's token is);
@@ -31,8 +35,10 @@ from typing import Any, cast
 
 try:
     from langchain_core.messages import ToolMessage
+    from langchain_core.runnables import RunnableConfig
     from langchain_core.tools import BaseTool, StructuredTool, ToolException
     from langchain_core.tools import Tool as SimpleTool
+    from langchain_core.tools.base import _prep_run_args
     from langchain_core.utils.function_calling import convert_to_openai_tool
     from pydantic import PrivateAttr
 except ImportError as exc:  # the extra is not installed
@@ -51,7 +57,14 @@ from .. import (
     thaw,
 )
 from ..aio import AsyncToolRegistry
-from ._common import Selected, call_token, check_registry, check_token, select_tools
+from ._common import (
+    Selected,
+    call_token,
+    check_registry,
+    check_token,
+    parse_arguments,
+    select_tools,
+)
 
 __all__ = ["TOKEN_KEY", "as_langchain_tools", "from_langchain"]
 
@@ -122,6 +135,21 @@ class _RegistryTool(BaseTool):
         tool._token = token
         return tool
 
+    # LangChain's own `invoke` cannot take a tool call whose `args` is JSON text (it copies
+    # them as a dict): such a call goes to `run` with the text as its input, as LangChain does
+    # for a plain string input.
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        """`BaseTool.invoke`, also for a tool call whose `args` is not a mapping."""
+        tool_input, run_kwargs = _prepare(input, config, kwargs)
+        return self.run(tool_input, **run_kwargs)
+
+    async def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Any:
+        """`BaseTool.ainvoke`, also for a tool call whose `args` is not a mapping."""
+        tool_input, run_kwargs = _prepare(input, config, kwargs)
+        return await self.arun(tool_input, **run_kwargs)
+
     # `run` and `arun` are where LangChain still holds the tool call's id and the config; the
     # id decides whether a ToolMessage comes back, the config carries the invocation's token.
     def run(self, tool_input: str | dict[str, Any], *args: Any, **kwargs: Any) -> Any:
@@ -140,20 +168,52 @@ class _RegistryTool(BaseTool):
         finally:
             _INVOCATION.reset(reset)
 
-    # `self` is positional-only: a model argument named "self" must not collide with it.
-    def _run(self, /, *args: Any, **kwargs: Any) -> Any:
-        invocation = _current(args)
-        call = ToolCall(self.name, kwargs, call_id=invocation.tool_call_id)
+    def _to_args_and_kwargs(
+        self, tool_input: Any, tool_call_id: str | None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A mapping's items as keywords (LangChain's own way); anything else is parsed here.
+
+        LangChain refuses a string for a JSON Schema tool before the registry sees it, so text
+        is parsed as the other adapters parse it (`parse_arguments`): a JSON object becomes the
+        keywords, and whatever is not a mapping goes to `_run` as its one positional argument,
+        for the registry to refuse (`INVALID_ARGS`) where observers see it.
+        """
+        arguments = parse_arguments(tool_input) if isinstance(tool_input, str) else tool_input
+        if isinstance(arguments, dict):
+            return (), dict(arguments)  # a copy: LangChain may add to the keywords
+        return (arguments,), {}
+
+    # `self` is positional-only: a model argument named "self" must not collide with it. A
+    # positional argument is the whole of arguments that are not a mapping (see above).
+    def _run(self, /, *raw: Any, **kwargs: Any) -> Any:
+        invocation = _INVOCATION.get() or _Invocation(None, None)
+        call = ToolCall(self.name, raw[0] if raw else kwargs, call_id=invocation.tool_call_id)
         with call_token(self._token, invocation.token) as token:
             result = self._registry.execute(call, token=token, start_if_cancelled=False)
         return _output(self.name, result, invocation.tool_call_id)
 
-    async def _arun(self, /, *args: Any, **kwargs: Any) -> Any:
-        invocation = _current(args)
-        call = ToolCall(self.name, kwargs, call_id=invocation.tool_call_id)
+    async def _arun(self, /, *raw: Any, **kwargs: Any) -> Any:
+        invocation = _INVOCATION.get() or _Invocation(None, None)
+        call = ToolCall(self.name, raw[0] if raw else kwargs, call_id=invocation.tool_call_id)
         with call_token(self._token, invocation.token) as token:
             result = await self._facade.execute(call, token=token, start_if_cancelled=False)
         return _output(self.name, result, invocation.tool_call_id)
+
+
+def _prepare(
+    value: Any, config: RunnableConfig | None, kwargs: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
+    """LangChain's own split of an invocation into the tool input and `run`'s keywords.
+
+    A tool call whose `args` is not a mapping (JSON text, say) keeps it as the tool input:
+    LangChain would fail copying it, and no observer would see the call.
+    """
+    if isinstance(value, dict) and value.get("type") == "tool_call":
+        raw = value.get("args")
+        if not isinstance(raw, dict):
+            _, run_kwargs = _prep_run_args({**value, "args": {}}, config, **kwargs)
+            return raw, run_kwargs
+    return _prep_run_args(value, config, **kwargs)
 
 
 def _invocation(run_kwargs: Mapping[str, Any]) -> _Invocation:
@@ -162,12 +222,6 @@ def _invocation(run_kwargs: Mapping[str, Any]) -> _Invocation:
     token = check_token(configurable.get(TOKEN_KEY), f'config["configurable"][{TOKEN_KEY!r}]')
     tool_call_id = run_kwargs.get("tool_call_id")
     return _Invocation(tool_call_id if isinstance(tool_call_id, str) else None, token)
-
-
-def _current(args: tuple[Any, ...]) -> _Invocation:
-    if args:  # LangChain passes a JSON Schema tool's arguments as keywords only
-        raise TypeError("a toolreg tool takes its arguments as a mapping, not positionally")
-    return _INVOCATION.get() or _Invocation(None, None)
 
 
 def _output(name: str, result: ToolResult[Any], tool_call_id: str | None) -> Any:

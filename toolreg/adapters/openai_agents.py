@@ -3,7 +3,10 @@
 `AgentToolset(registry).tools` is a list of `FunctionTool`s to give an `Agent`. Each call runs
 through the registry's pipeline as a model-driven call (`start_if_cancelled=False`) on the
 asyncio facade, so the event loop is never blocked, and the model sees `result.content` for
-successes and failures alike (a failure never raises into the run).
+successes and failures alike: a failed call never raises into the run. A call that could not
+run at all has no result to show: with the registry closed, or its executor refusing the call,
+`on_invoke_tool` raises `RegistryClosedError` or `ExecutorRefusedError`, which the SDK turns
+into a `UserError` ending the run.
 
 Cancellation. The SDK cancels the task running a tool when the run is cancelled (a cancelled
 `Runner.run` task, `RunResultStreaming.cancel()`), when a sibling tool fails, and when its own
@@ -40,6 +43,7 @@ except ImportError as exc:  # the extra is not installed
     ) from exc
 
 from .. import CancelToken, ToolCall, ToolRegistry
+from .._catalog import _PROVIDER_NAME_LIMIT, _provider_accepts
 from ..aio import AsyncToolRegistry
 from ._common import (
     Selected,
@@ -51,9 +55,6 @@ from ._common import (
 )
 
 __all__ = ["AgentToolset"]
-
-_PROVIDER_NAME_LIMIT = 64  # OpenAI's function names: [A-Za-z0-9_-]{1,64}
-
 
 class AgentToolset:
     """Registry tools as OpenAI Agents SDK `FunctionTool`s, and the wait for abandoned calls.
@@ -92,7 +93,7 @@ class AgentToolset:
         # One per call whose task the SDK cancelled and may have abandoned; set when it settled.
         self._abandoned: set[concurrent.futures.Future[None]] = set()
         selection = select_tools(registry, names)
-        refused = [s.tool.name for s in selection if not _openai_accepts(s.tool.name)]
+        refused = [s.tool.name for s in selection if not _provider_accepts(s.tool.name)]
         if refused:
             raise ValueError(
                 f"OpenAI refuses tool names longer than {_PROVIDER_NAME_LIMIT} characters or "
@@ -172,7 +173,3 @@ class AgentToolset:
 
     def __repr__(self) -> str:
         return f"<AgentToolset tools={[tool.name for tool in self._tools]!r}>"
-
-
-def _openai_accepts(name: str) -> bool:
-    return len(name) <= _PROVIDER_NAME_LIMIT and "." not in name

@@ -7,7 +7,9 @@ on the asyncio facade, so the event loop is never blocked.
 * What the model sees is `result.content`: a success returns it; `INVALID_ARGS` raises
   `ModelRetry(result.content)`, so pydantic-ai asks the model to correct its arguments (within
   the agent's retry budget); any other failure raises `ToolFailed(result.content)`, a failed
-  tool return the model adapts to.
+  tool return the model adapts to. A call that could not run at all has no result: with the
+  registry closed, or its executor refusing the call, `RegistryClosedError` or
+  `ExecutorRefusedError` propagates and ends the run.
 * The schema is the registry's, marked `strict=False` so no provider's strict mode rewrites it
   (optional fields stay optional). pydantic-ai parses the arguments' JSON but does not validate
   them: the registry does, so bad arguments reach observers as `INVALID_ARGS`. (Text that is
