@@ -36,6 +36,8 @@ from toolreg import (
     Deny,
     Dispatch,
     ErrorCode,
+    InsideCallError,
+    RegistryClosedError,
     Tool,
     ToolCall,
     ToolContext,
@@ -955,7 +957,8 @@ def test_ctrl_c_while_joining_the_body_cancels_the_call_joins_it_then_reraises(
 
 # -- "registry.close() cancels every in-flight call, waits for all of them, then shuts down an
 #    executor it owns. New calls after close raise RuntimeError; close() from inside one of the
-#    registry's own calls raises RuntimeError instead of waiting for itself." -----------------
+#    registry's own calls raises RuntimeError instead of waiting for itself." (4.10 and 17.1
+#    name the subclasses: RegistryClosedError and InsideCallError.) --------------------------
 
 
 def test_close_cancels_every_in_flight_call_waits_for_them_and_shuts_down_its_pool() -> None:
@@ -1011,12 +1014,13 @@ def test_close_waits_for_an_uncooperative_body() -> None:
     assert call.join().code == ABORTED
 
 
-def test_execute_after_close_raises_runtime_error() -> None:
+def test_execute_after_close_raises_registry_closed_error() -> None:
     registry = ToolRegistry(max_workers=1)
     add_counting_tool(registry)
     registry.close()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(RegistryClosedError, match="closed") as raised:
         registry.execute("work")
+    assert isinstance(raised.value, RuntimeError)  # 17.1: the tree's RuntimeError branch
 
 
 def _close_from_body(registry: ToolRegistry, attempt: Callable[[], None]) -> None:
@@ -1069,7 +1073,7 @@ def _close_from_observer(registry: ToolRegistry, attempt: Callable[[], None]) ->
         _close_from_observer,
     ],
 )
-def test_close_from_inside_a_call_raises_runtime_error_instead_of_waiting(
+def test_close_from_inside_a_call_raises_inside_call_error_instead_of_waiting(
     where: Callable[[ToolRegistry, Callable[[], None]], None],
 ) -> None:
     errors: list[BaseException] = []
@@ -1078,13 +1082,15 @@ def test_close_from_inside_a_call_raises_runtime_error_instead_of_waiting(
         def attempt() -> None:
             try:
                 registry.close()
-            except RuntimeError as exc:
+            except Exception as exc:  # the exact class is asserted below
                 errors.append(exc)
 
         where(registry, attempt)
         result = registry.execute("work")
         assert result.ok
         assert len(errors) == 1
+        assert type(errors[0]) is InsideCallError
+        assert isinstance(errors[0], RuntimeError)
         assert "inside" in str(errors[0])
         assert not registry.closed
         assert registry.execute("work").ok  # the registry is still open
