@@ -539,6 +539,51 @@ def _hold_in_approver_then_refuse(registry: ToolRegistry, gate: Gate) -> None:
     registry.set_approver(approver)
 
 
+def _hold_in_approver_then_raise_cancelled(registry: ToolRegistry, gate: Gate) -> None:
+    # The approver's turn was cancelled and it says so the usual way: Cancelled.
+    add_counting_tool(registry)
+    registry.add_pre_execute(lambda call, token: Ask("confirm?"))
+
+    def approver(call: ToolCall, reason: str, token: CancelToken) -> bool:
+        gate.hold()
+        token.raise_if_cancelled()
+        return True
+
+    registry.set_approver(approver)
+
+
+def _hold_in_approver_then_raise(registry: ToolRegistry, gate: Gate) -> None:
+    # An approver whose prompt broke off (its UI went away, say) raises something else.
+    add_counting_tool(registry)
+    registry.add_pre_execute(lambda call, token: Ask("confirm?"))
+
+    def approver(call: ToolCall, reason: str, token: CancelToken) -> bool:
+        gate.hold()
+        raise ConnectionError("the approval prompt went away")
+
+    registry.set_approver(approver)
+
+
+def _hold_in_pre_hook_then_return_a_wrong_type(registry: ToolRegistry, gate: Gate) -> None:
+    add_counting_tool(registry)
+
+    def hook(call: ToolCall, token: CancelToken) -> Any:
+        gate.hold()
+        return "allow"  # not None, Allow, Deny or Ask: a malfunction
+
+    registry.add_pre_execute(hook)
+
+
+def _hold_in_pre_hook_then_raise(registry: ToolRegistry, gate: Gate) -> None:
+    add_counting_tool(registry)
+
+    def hook(call: ToolCall, token: CancelToken) -> None:
+        gate.hold()
+        raise ValueError("hook broke")
+
+    registry.add_pre_execute(hook)
+
+
 def _hold_in_guard_then_deny(registry: ToolRegistry, gate: Gate) -> None:
     add_counting_tool(registry)
 
@@ -557,8 +602,19 @@ def _hold_in_guard_then_deny(registry: ToolRegistry, gate: Gate) -> None:
         (_hold_in_wrapper_then_raise, ErrorCode.HOOK_ERROR),
         (_hold_in_post_hook_on_failure, ErrorCode.TOOL_ERROR),
         (_hold_in_guard_then_deny, ErrorCode.DENIED),
+        # 4.11: a pre-execute hook that malfunctions after the cancel stays HOOK_ERROR.
+        (_hold_in_pre_hook_then_return_a_wrong_type, ErrorCode.HOOK_ERROR),
+        (_hold_in_pre_hook_then_raise, ErrorCode.HOOK_ERROR),
     ],
-    ids=["tool-error", "timeout", "wrapper-error", "post-on-failure", "guard"],
+    ids=[
+        "tool-error",
+        "timeout",
+        "wrapper-error",
+        "post-on-failure",
+        "guard",
+        "pre-wrong-type",
+        "pre-raises",
+    ],
 )
 def test_failure_stays_when_cancellation_arrives_before_the_final_result(
     registry: ToolRegistry, setup: Callable[[ToolRegistry, Gate], None], code: ErrorCode
@@ -574,7 +630,14 @@ def test_failure_stays_when_cancellation_arrives_before_the_final_result(
 
 
 @pytest.mark.parametrize(
-    "setup", [_hold_in_pre_hook_then_deny, _hold_in_approver_then_refuse], ids=["pre", "approver"]
+    "setup",
+    [
+        _hold_in_pre_hook_then_deny,
+        _hold_in_approver_then_refuse,
+        _hold_in_approver_then_raise_cancelled,
+        _hold_in_approver_then_raise,
+    ],
+    ids=["pre", "approver", "approver-raises-cancelled", "approver-raises"],
 )
 def test_cancellation_wins_over_a_denial_returned_after_it(
     registry: ToolRegistry, setup: Callable[[ToolRegistry, Gate], None]
@@ -593,7 +656,9 @@ def test_cancellation_wins_over_a_denial_returned_after_it(
 
 
 @pytest.mark.parametrize(
-    "setup", [_hold_in_pre_hook_then_deny, _hold_in_approver_then_refuse], ids=["pre", "approver"]
+    "setup",
+    [_hold_in_pre_hook_then_deny, _hold_in_approver_then_refuse, _hold_in_approver_then_raise],
+    ids=["pre", "approver", "approver-raises"],
 )
 def test_a_denial_made_while_the_token_is_live_stays_denied(
     registry: ToolRegistry, setup: Callable[[ToolRegistry, Gate], None]
