@@ -10,6 +10,8 @@ import pytest
 
 from toolreg import Catalog, ErrorCode, FrozenDict, Tool, ToolContext, ToolRegistry, thaw
 
+WAIT = 10.0  # seconds a registration may take before the test calls it a deadlock
+
 Args = Any
 
 
@@ -83,6 +85,31 @@ def test_a_non_object_root_type_is_refused_at_registration(root: Any) -> None:
             registry.register(Tool("t", echo, parameters={"type": root}))
         with pytest.raises(ValueError, match="root type must be 'object'"):
             registry.register(Tool("u", echo, output_schema={"type": root}))
+        assert registry.tools() == ()
+    finally:
+        registry.close()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"n": {"type": "not-a-type"}}},
+        {"type": "object", "required": "n"},
+        {"type": "object", "properties": {"n": {"minimum": "x"}}},
+    ],
+    ids=["unknown-type", "required-not-a-list", "minimum-not-a-number"],
+)
+@pytest.mark.parametrize("validate_output", [False, True])
+def test_an_invalid_output_schema_with_an_object_root_is_refused_at_registration(
+    schema: dict[str, Any], validate_output: bool
+) -> None:
+    # 11.4 and 2.5: "compiled at registration", enforced or not; never a failure at call time.
+    registry = ToolRegistry()
+    try:
+        with pytest.raises(ValueError, match="output_schema"):
+            registry.register(
+                Tool("t", echo, output_schema=schema, validate_output=validate_output)
+            )
         assert registry.tools() == ()
     finally:
         registry.close()
@@ -212,6 +239,55 @@ def test_on_tools_changed_runs_on_the_registering_thread_after_each_change() -> 
         registration.remove()
         registry.register(Tool("b", echo))
         assert len(seen) == 2
+    finally:
+        registry.close()
+
+
+def _register_on_a_thread(registry: ToolRegistry, tool: Tool) -> threading.Thread:
+    """`registry.register(tool)` on a daemon thread: a deadlock fails the test, never hangs it."""
+    thread = threading.Thread(target=registry.register, args=(tool,), daemon=True)
+    thread.start()
+    thread.join(WAIT)
+    return thread
+
+
+def test_on_tools_changed_may_register_a_tool_from_inside_the_callback() -> None:
+    # 11.6: "outside any lock". Registering from the callback takes the registry's lock again,
+    # from the same thread: a callback run under that lock would deadlock here.
+    registry = ToolRegistry()
+    seen: list[list[str]] = []
+    try:
+
+        def changed() -> None:
+            names = [tool.name for tool in registry.tools()]
+            seen.append(names)
+            if names == ["a"]:
+                registry.register(Tool("b", echo))  # from inside: runs this callback again
+
+        registry.on_tools_changed(changed)
+        thread = _register_on_a_thread(registry, Tool("a", echo))
+        assert not thread.is_alive(), "register() deadlocked in its on_tools_changed callback"
+        assert [tool.name for tool in registry.tools()] == ["a", "b"]
+        assert seen == [["a"], ["a", "b"]]
+    finally:
+        registry.close()
+
+
+def test_on_tools_changed_may_unregister_a_tool_from_inside_the_callback() -> None:
+    registry = ToolRegistry()
+    removed: list[bool] = []
+    try:
+        temporary = registry.register(Tool("temporary", echo))
+
+        def changed() -> None:
+            if registry.get("keep") is not None and registry.get("temporary") is not None:
+                removed.append(temporary.remove())  # from inside: runs this callback again
+
+        registry.on_tools_changed(changed)
+        thread = _register_on_a_thread(registry, Tool("keep", echo))
+        assert not thread.is_alive(), "register() deadlocked in its on_tools_changed callback"
+        assert removed == [True]
+        assert [tool.name for tool in registry.tools()] == ["keep"]
     finally:
         registry.close()
 

@@ -36,6 +36,8 @@ from toolreg import (
     Deny,
     Dispatch,
     ErrorCode,
+    InsideCallError,
+    RegistryClosedError,
     Tool,
     ToolCall,
     ToolContext,
@@ -537,6 +539,51 @@ def _hold_in_approver_then_refuse(registry: ToolRegistry, gate: Gate) -> None:
     registry.set_approver(approver)
 
 
+def _hold_in_approver_then_raise_cancelled(registry: ToolRegistry, gate: Gate) -> None:
+    # The approver's turn was cancelled and it says so the usual way: Cancelled.
+    add_counting_tool(registry)
+    registry.add_pre_execute(lambda call, token: Ask("confirm?"))
+
+    def approver(call: ToolCall, reason: str, token: CancelToken) -> bool:
+        gate.hold()
+        token.raise_if_cancelled()
+        return True
+
+    registry.set_approver(approver)
+
+
+def _hold_in_approver_then_raise(registry: ToolRegistry, gate: Gate) -> None:
+    # An approver whose prompt broke off (its UI went away, say) raises something else.
+    add_counting_tool(registry)
+    registry.add_pre_execute(lambda call, token: Ask("confirm?"))
+
+    def approver(call: ToolCall, reason: str, token: CancelToken) -> bool:
+        gate.hold()
+        raise ConnectionError("the approval prompt went away")
+
+    registry.set_approver(approver)
+
+
+def _hold_in_pre_hook_then_return_a_wrong_type(registry: ToolRegistry, gate: Gate) -> None:
+    add_counting_tool(registry)
+
+    def hook(call: ToolCall, token: CancelToken) -> Any:
+        gate.hold()
+        return "allow"  # not None, Allow, Deny or Ask: a malfunction
+
+    registry.add_pre_execute(hook)
+
+
+def _hold_in_pre_hook_then_raise(registry: ToolRegistry, gate: Gate) -> None:
+    add_counting_tool(registry)
+
+    def hook(call: ToolCall, token: CancelToken) -> None:
+        gate.hold()
+        raise ValueError("hook broke")
+
+    registry.add_pre_execute(hook)
+
+
 def _hold_in_guard_then_deny(registry: ToolRegistry, gate: Gate) -> None:
     add_counting_tool(registry)
 
@@ -555,8 +602,19 @@ def _hold_in_guard_then_deny(registry: ToolRegistry, gate: Gate) -> None:
         (_hold_in_wrapper_then_raise, ErrorCode.HOOK_ERROR),
         (_hold_in_post_hook_on_failure, ErrorCode.TOOL_ERROR),
         (_hold_in_guard_then_deny, ErrorCode.DENIED),
+        # 4.11: a pre-execute hook that malfunctions after the cancel stays HOOK_ERROR.
+        (_hold_in_pre_hook_then_return_a_wrong_type, ErrorCode.HOOK_ERROR),
+        (_hold_in_pre_hook_then_raise, ErrorCode.HOOK_ERROR),
     ],
-    ids=["tool-error", "timeout", "wrapper-error", "post-on-failure", "guard"],
+    ids=[
+        "tool-error",
+        "timeout",
+        "wrapper-error",
+        "post-on-failure",
+        "guard",
+        "pre-wrong-type",
+        "pre-raises",
+    ],
 )
 def test_failure_stays_when_cancellation_arrives_before_the_final_result(
     registry: ToolRegistry, setup: Callable[[ToolRegistry, Gate], None], code: ErrorCode
@@ -572,7 +630,14 @@ def test_failure_stays_when_cancellation_arrives_before_the_final_result(
 
 
 @pytest.mark.parametrize(
-    "setup", [_hold_in_pre_hook_then_deny, _hold_in_approver_then_refuse], ids=["pre", "approver"]
+    "setup",
+    [
+        _hold_in_pre_hook_then_deny,
+        _hold_in_approver_then_refuse,
+        _hold_in_approver_then_raise_cancelled,
+        _hold_in_approver_then_raise,
+    ],
+    ids=["pre", "approver", "approver-raises-cancelled", "approver-raises"],
 )
 def test_cancellation_wins_over_a_denial_returned_after_it(
     registry: ToolRegistry, setup: Callable[[ToolRegistry, Gate], None]
@@ -591,7 +656,9 @@ def test_cancellation_wins_over_a_denial_returned_after_it(
 
 
 @pytest.mark.parametrize(
-    "setup", [_hold_in_pre_hook_then_deny, _hold_in_approver_then_refuse], ids=["pre", "approver"]
+    "setup",
+    [_hold_in_pre_hook_then_deny, _hold_in_approver_then_refuse, _hold_in_approver_then_raise],
+    ids=["pre", "approver", "approver-raises"],
 )
 def test_a_denial_made_while_the_token_is_live_stays_denied(
     registry: ToolRegistry, setup: Callable[[ToolRegistry, Gate], None]
@@ -955,7 +1022,8 @@ def test_ctrl_c_while_joining_the_body_cancels_the_call_joins_it_then_reraises(
 
 # -- "registry.close() cancels every in-flight call, waits for all of them, then shuts down an
 #    executor it owns. New calls after close raise RuntimeError; close() from inside one of the
-#    registry's own calls raises RuntimeError instead of waiting for itself." -----------------
+#    registry's own calls raises RuntimeError instead of waiting for itself." (4.10 and 17.1
+#    name the subclasses: RegistryClosedError and InsideCallError.) --------------------------
 
 
 def test_close_cancels_every_in_flight_call_waits_for_them_and_shuts_down_its_pool() -> None:
@@ -1011,12 +1079,13 @@ def test_close_waits_for_an_uncooperative_body() -> None:
     assert call.join().code == ABORTED
 
 
-def test_execute_after_close_raises_runtime_error() -> None:
+def test_execute_after_close_raises_registry_closed_error() -> None:
     registry = ToolRegistry(max_workers=1)
     add_counting_tool(registry)
     registry.close()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(RegistryClosedError, match="closed") as raised:
         registry.execute("work")
+    assert isinstance(raised.value, RuntimeError)  # 17.1: the tree's RuntimeError branch
 
 
 def _close_from_body(registry: ToolRegistry, attempt: Callable[[], None]) -> None:
@@ -1069,7 +1138,7 @@ def _close_from_observer(registry: ToolRegistry, attempt: Callable[[], None]) ->
         _close_from_observer,
     ],
 )
-def test_close_from_inside_a_call_raises_runtime_error_instead_of_waiting(
+def test_close_from_inside_a_call_raises_inside_call_error_instead_of_waiting(
     where: Callable[[ToolRegistry, Callable[[], None]], None],
 ) -> None:
     errors: list[BaseException] = []
@@ -1078,13 +1147,15 @@ def test_close_from_inside_a_call_raises_runtime_error_instead_of_waiting(
         def attempt() -> None:
             try:
                 registry.close()
-            except RuntimeError as exc:
+            except Exception as exc:  # the exact class is asserted below
                 errors.append(exc)
 
         where(registry, attempt)
         result = registry.execute("work")
         assert result.ok
         assert len(errors) == 1
+        assert type(errors[0]) is InsideCallError
+        assert isinstance(errors[0], RuntimeError)
         assert "inside" in str(errors[0])
         assert not registry.closed
         assert registry.execute("work").ok  # the registry is still open

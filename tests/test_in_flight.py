@@ -34,7 +34,9 @@ from toolreg import (
     ToolContext,
     ToolRegistry,
     ToolResult,
+    deadline,
 )
+from toolreg._cancel import manual_clock
 
 
 def test_in_flight_snapshots_each_held_call_with_its_stage() -> None:
@@ -230,6 +232,117 @@ def test_pre_aborted_uncooperative_body_also_gets_the_overdue_warning(
         finally:
             release.set()
             call.join()
+
+
+def overdue_warnings(caplog: pytest.LogCaptureFixture, name: str) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "toolreg" and r.levelno == logging.WARNING and name in r.getMessage()
+    ]
+
+
+def add_stubborn_tool(registry: ToolRegistry, started: threading.Event) -> threading.Event:
+    """A body that ignores its token until the Event returned is set."""
+    release = threading.Event()
+
+    @registry.tool
+    def stubborn(args: Args, ctx: ToolContext) -> str:
+        started.set()
+        release.wait(WAIT)
+        return "late"
+
+    return release
+
+
+def cancel_once_the_call_listens(caller: CancelSource) -> None:
+    """Cancel `caller` once the joining call listens on its token (white-box: `_listeners`).
+
+    The caller registers that listener just after handing the body over, so the body may start
+    first. Cancelled before, the listener (and the overdue watch) would run later, on the
+    caller's thread, at a manual-clock time the test cannot know.
+    """
+    wait_until(lambda: bool(caller.token._listeners), "the call to listen on its caller's token")
+    caller.cancel("stop")  # runs the call's listener here: the overdue watch starts now
+
+
+def test_the_overdue_warning_comes_30_seconds_after_the_cancel_by_default(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 4.4: "after overdue_after seconds (constructor argument, default 30 ...)". The manual
+    # clock (B.23) stands for the 30 s: the watch starts at the cancel and is due on that clock.
+    caplog.set_level(logging.WARNING, logger="toolreg")
+    with manual_clock() as clock, open_registry(max_workers=1) as registry:
+        started = threading.Event()
+        release = add_stubborn_tool(registry, started)
+        caller = CancelSource()
+        call = Caller(lambda: registry.execute("stubborn", token=caller.token))
+        try:
+            assert started.wait(WAIT)
+            cancel_once_the_call_listens(caller)
+            clock.advance(29.9)  # not due: nothing fired, nothing handed to a callback thread
+            assert overdue_warnings(caplog, "stubborn") == []
+            clock.advance(0.1)
+            wait_until(lambda: bool(overdue_warnings(caplog, "stubborn")), "the warning at 30 s")
+            assert "30s" in overdue_warnings(caplog, "stubborn")[0].getMessage()
+        finally:
+            release.set()
+            assert call.join().code == ABORTED
+
+
+@pytest.mark.parametrize("overdue_after", [0.5, None], ids=["control", "disabled"])
+def test_overdue_after_none_disables_the_warning_for_a_cancelled_overrunning_body(
+    caplog: pytest.LogCaptureFixture, overdue_after: float | None
+) -> None:
+    caplog.set_level(logging.WARNING, logger="toolreg")
+    with manual_clock() as clock, open_registry(max_workers=1, overdue_after=overdue_after) as reg:
+        started = threading.Event()
+        release = add_stubborn_tool(reg, started)
+        caller = CancelSource()
+        call = Caller(lambda: reg.execute("stubborn", token=caller.token))
+        try:
+            assert started.wait(WAIT)
+            cancel_once_the_call_listens(caller)
+            # A marker due after any watch (the default one included): fired in due order, its
+            # callback is queued after the watch's, and callback jobs start in queue order.
+            marker, marked = deadline(None, 3600.0), threading.Event()
+            marker.token.on_cancel(marked.set)
+            clock.advance(3600.0)  # the body overruns its cancellation by an hour
+            if overdue_after is None:
+                assert marked.wait(WAIT)
+                assert overdue_warnings(caplog, "stubborn") == []
+            else:
+                wait_until(lambda: bool(overdue_warnings(caplog, "stubborn")), "the warning")
+            assert call.still_blocked()  # the call was cancelled and still overruns
+        finally:
+            release.set()
+            assert call.join().code == ABORTED
+    assert len(overdue_warnings(caplog, "stubborn")) == (0 if overdue_after is None else 1)
+
+
+def test_a_call_cancelled_by_close_gets_the_overdue_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 4.4: the watch starts "for any call cancelled by close()" too.
+    caplog.set_level(logging.WARNING, logger="toolreg")
+    registry = ToolRegistry(max_workers=1, overdue_after=0.05)
+    started = threading.Event()
+    release = add_stubborn_tool(registry, started)
+    call = Caller(lambda: registry.execute(ToolCall("stubborn", call_id="closing-7")))
+    closer: Caller | None = None
+    try:
+        assert started.wait(WAIT)
+        closer = Caller(registry.close)
+        wait_until(lambda: bool(overdue_warnings(caplog, "closing-7")), "the overdue warning")
+        assert closer.still_blocked()  # close() keeps waiting for the body
+    finally:
+        release.set()
+        if closer is not None:
+            closer.join()
+        else:
+            registry.close()
+    assert call.join().code == ABORTED
+    assert len(overdue_warnings(caplog, "closing-7")) == 1
 
 
 @pytest.mark.parametrize("value", [0, -1.0, math.nan])

@@ -25,6 +25,7 @@ from _registry_helpers import (
 
 from toolreg import (
     CancelSource,
+    RegistryClosedError,
     ToolCall,
     ToolContext,
     ToolRegistry,
@@ -39,7 +40,7 @@ def test_context_manager_closes_and_close_is_idempotent() -> None:
     assert registry.closed
     registry.close()
     assert registry.closed
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(RegistryClosedError, match="closed"):
         registry.execute(ToolCall("work"))
 
 
@@ -58,7 +59,7 @@ def test_new_calls_are_refused_while_close_waits_for_in_flight_ones() -> None:
     gate.wait_reached()
     closer = Caller(registry.close)
     assert cancelled.wait(WAIT)  # close() has begun
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(RegistryClosedError, match="closed"):
         registry.execute("stubborn")
     gate.release()
     closer.join()

@@ -24,6 +24,7 @@ from _registry_helpers import (
 from toolreg import (
     CancelSource,
     CancelToken,
+    ContextSettledError,
     ToolCall,
     ToolContext,
     ToolRegistry,
@@ -130,10 +131,13 @@ def test_context_methods_raise_after_the_body_settled(registry: ToolRegistry) ->
         return "ok"
 
     assert registry.execute("leak").ok
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ContextSettledError) as raised:
         kept[0].defer_context("late")
-    with pytest.raises(RuntimeError):
+    assert isinstance(raised.value, RuntimeError)  # 2.4: a RuntimeError, as 17.1 draws it
+    with pytest.raises(ContextSettledError):
         kept[0].execute("work")
+    with pytest.raises(ContextSettledError):
+        kept[0].report_progress(1)
 
 
 def test_tool_context_shows_the_call_and_a_live_token(registry: ToolRegistry) -> None:

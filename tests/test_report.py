@@ -488,6 +488,66 @@ def test_many_calls_are_sampled_and_the_page_says_so(plotly: Any, tmp_path: Path
     assert "show 100 of 300 calls" in page
 
 
+def figure(page: str, name: str) -> dict[str, Any]:
+    """The plotly figure (data, layout, config) the page draws into the element `name`."""
+    start = page.index("var f = ", page.index(f'<div id="{name}"')) + len("var f = ")
+    data, _ = json.JSONDecoder().raw_decode(page, start)
+    assert isinstance(data, dict)
+    return data
+
+
+def test_distributions_and_table_count_every_call_when_the_timeline_is_sampled(
+    plotly: Any, tmp_path: Path
+) -> None:
+    # 16.3 and 16.5: per-tool latency distributions (a box per tool, a histogram line per tool),
+    # and "distributions and tables always count every call", even when --max-bars keeps only
+    # 100 of 300 calls on the timeline (the 100 slowest are all `crawl` calls here, so a page
+    # built from the drawn calls alone would lose `search` entirely).
+    path = tmp_path / "calls.jsonl"
+    searches = [0.001 * (n + 1) for n in range(200)]  # 1 ms .. 200 ms
+    crawls = [0.3 + 0.001 * n for n in range(100)]  # 300 ms .. 399 ms
+    path.write_text(
+        "".join(
+            line(f"s{n}", "search", None, n * 0.01, took, dispatched=0.0)
+            for n, took in enumerate(searches)
+        )
+        + "".join(
+            line(f"c{n}", "crawl", None, 3.0 + n * 0.01, took, dispatched=0.0)
+            for n, took in enumerate(crawls)
+        )
+    )
+    out = tmp_path / "report.html"
+    assert report(str(path), "-o", str(out), "--max-bars", "100") == 0
+    page = out.read_text(encoding="utf-8")
+    assert len(payload(page)["ids"]) == 100  # the timeline is sampled ...
+
+    # ... the box plot is not: one box per tool, whiskers at that tool's min and max.
+    box, p95 = figure(page, "latency")["data"]
+    assert box["type"] == "box" and box["y"] == ["crawl", "search"]
+    assert box["lowerfence"] == pytest.approx([0.3, 0.001])
+    assert box["upperfence"] == pytest.approx([0.399, 0.2])
+    assert box["median"] == pytest.approx([0.35, 0.1], abs=0.002)
+    for index in range(2):
+        low, high = box["lowerfence"][index], box["upperfence"][index]
+        assert low <= box["q1"][index] <= box["median"][index] <= box["q3"][index] <= high
+    assert p95["y"] == ["crawl", "search"]
+    assert p95["x"] == pytest.approx([0.395, 0.19], abs=0.002)
+
+    # ... nor is the histogram: one line per tool, its bins adding up to that tool's calls.
+    lines = {trace["name"]: trace for trace in figure(page, "histogram")["data"]}
+    assert {name: sum(trace["y"]) for name, trace in lines.items()} == {
+        "crawl": 100,
+        "search": 200,
+    }
+
+    # ... nor the table `stats` prints.
+    table = page[page.index('<table class="stats">') :]
+    table = table[: table.index("</table>")]
+    assert "<tr><td>crawl</td><td>100</td><td>100</td>" in table
+    assert "<tr><td>search</td><td>200</td><td>200</td>" in table
+    assert "<tr><td>(all)</td><td>300</td><td>300</td>" in table
+
+
 # -- command-line errors ---------------------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ from _registry_helpers import (
 )
 
 from toolreg import (
+    CallTimeline,
     CancelSource,
     CancelToken,
     Dispatch,
@@ -181,6 +182,9 @@ def _entry_failure(registry: ToolRegistry) -> ToolResult[Any]:
     return registry.execute("nope")
 
 
+FORGED_TIMELINE = CallTimeline(0.0, 7.0, 7.0, 8.0, 9.0)  # what a hook might pass along
+
+
 def _wrapper_made(registry: ToolRegistry) -> ToolResult[Any]:
     def fake(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
         made = ToolResult.success(ToolCall("forged", {"f": 1}), "cached")
@@ -193,7 +197,7 @@ def _wrapper_made(registry: ToolRegistry) -> ToolResult[Any]:
 def _post_made(registry: ToolRegistry) -> ToolResult[Any]:
     def forge(result: ToolResult[Any], token: CancelToken) -> ToolResult[Any]:
         failed = ToolResult.failure(ToolCall("forged"), "TOOL_ERROR", "post says no")
-        return dataclasses.replace(failed, dispatched=False, duration=1e9)
+        return dataclasses.replace(failed, dispatched=False, duration=1e9, timeline=FORGED_TIMELINE)
 
     registry.add_post_execute(forge)
     return registry.execute("work", {"x": 1})
@@ -219,6 +223,12 @@ def test_registry_sets_call_dispatched_and_duration_on_every_final_result(
     assert result.dispatched is dispatched
     assert isinstance(result.duration, float)
     assert 0.0 <= result.duration < WAIT
+    # 5.2: the timeline too, on results made by a wrapper or a post hook (forged or left None).
+    timeline = result.timeline
+    assert isinstance(timeline, CallTimeline) and timeline != FORGED_TIMELINE
+    assert timeline.finished == result.duration
+    assert (timeline.dispatched is not None) is dispatched
+    assert (timeline.settled is not None) is dispatched
     if result.code != ErrorCode.UNKNOWN_TOOL:
         assert result.call.name == "work"
         assert result.call.arguments == {"x": 1}

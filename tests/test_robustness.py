@@ -162,10 +162,13 @@ def test_forked_child_gets_a_clear_error_at_once_from_a_user_executor() -> None:
     assert registry.execute("echo", {"x": 1}).value == 1
     pid = os.fork()
     if pid == 0:
+        from toolreg import ExecutorRefusedError
         try:
             registry.execute("echo", {"x": 2})
-        except RuntimeError as exc:
-            os._exit(0 if "fork" in str(exc) else 4)
+        except ExecutorRefusedError as exc:  # 17.4, B.27: the exact class, a RuntimeError
+            os._exit(0 if "fork" in str(exc) and isinstance(exc, RuntimeError) else 4)
+        except BaseException:
+            os._exit(5)
         os._exit(3)
     print("child:", wait_for_child(pid))
     registry.close()
@@ -173,6 +176,40 @@ def test_forked_child_gets_a_clear_error_at_once_from_a_user_executor() -> None:
     """
     )
     assert result.stdout.split("\n")[:1] == ["child: 0"], result
+
+
+def test_call_ids_get_a_new_per_process_prefix_after_fork() -> None:
+    # 2.1, 17.4. Parent and child continue the same counter after fork(), so their next ids
+    # would be equal unless the child's prefix is new; ids from the two must never collide.
+    result = run_python(
+        _FORK_PRELUDE
+        + """
+    from toolreg import ToolCall
+    registry = ToolRegistry(max_workers=1)
+    registry.register(Tool("echo", lambda args, ctx: args))
+    before = ToolCall("echo").call_id
+    pid = os.fork()
+    if pid == 0:
+        ids = [ToolCall("echo").call_id, registry.execute("echo").call.call_id]
+        print("child:", *ids, flush=True)
+        os._exit(0)
+    print("child exit:", wait_for_child(pid))
+    ids = [ToolCall("echo").call_id, registry.execute("echo").call.call_id]
+    print("parent:", before, *ids)
+    registry.close()
+    """
+    )
+    lines = dict(row.split(": ", 1) for row in result.stdout.splitlines() if ": " in row)
+    assert lines.get("child exit") == "0", result
+    before, *parent = lines["parent"].split()
+    child = lines["child"].split()
+    assert len(set(parent + child + [before])) == 5, result  # all distinct, the child's too
+
+    def prefix(call_id: str) -> str:  # the part every id of one process shares
+        return call_id.rstrip("0123456789")
+
+    assert prefix(parent[0]) == prefix(parent[1]) == prefix(before)
+    assert prefix(child[0]) == prefix(child[1]) != prefix(before)
 
 
 # -- 2. interpreter exit --------------------------------------------------------------------------
@@ -202,6 +239,31 @@ def test_interpreter_exit_cancels_a_call_in_flight_joins_it_and_exits(daemon: bo
     )
     assert result.returncode == 0, result
     assert result.stdout.split() == ["exiting", "body", "stopped"], result
+
+
+def test_interpreter_exit_cancels_a_call_with_the_reason_interpreter_exiting() -> None:
+    # 17.5: the reason the body's token carries.
+    result = run_python(
+        """
+        import threading
+        from toolreg import Tool, ToolRegistry
+
+        registry = ToolRegistry(max_workers=2)
+        started = threading.Event()
+
+        def body(args, ctx):
+            started.set()
+            ctx.token.wait()
+            print("reason:", repr(ctx.token.reason), flush=True)
+
+        registry.register(Tool("wait", body))
+        threading.Thread(target=lambda: registry.execute("wait"), daemon=True).start()
+        assert started.wait(10)
+        """,
+        timeout=20,
+    )
+    assert result.returncode == 0, result
+    assert result.stdout.strip() == "reason: 'interpreter exiting'", result
 
 
 # -- 3. an exception raised by a signal handler during the join --------------------------------
@@ -303,7 +365,9 @@ def test_a_body_the_executor_drops_ends_the_call_at_once(facade: str) -> None:
         # close() cancels a stuck call, whose cancel callback claims the dropped body: bounded,
         # so that a call stuck some other way cannot hang the suite either.
         Caller(registry.close).done.wait(WAIT)
-    assert not result.ok and result.code in (BEFORE, TOOL_ERROR)
+    # 17.7: "ends a call whose body it dropped at once, as ABORTED_BEFORE_DISPATCH, for sync and
+    # awaited calls alike" (TOOL_ERROR is for an executor shut down *before* the hand-off).
+    assert result.code == BEFORE
     assert not result.dispatched and ran.entries == []
     assert observed.results == [result]
 

@@ -15,6 +15,7 @@ from toolreg import (
     CallTimeline,
     CancelSource,
     ErrorCode,
+    RetryPolicy,
     TimeoutPolicy,
     ToolCall,
     ToolContext,
@@ -43,6 +44,50 @@ def test_an_ok_call_has_every_moment_but_cancelled_in_order() -> None:
     assert timeline.dispatched is not None and timeline.settled is not None
     assert ordered(0.0, timeline.dispatched, timeline.settled, timeline.finished)
     assert timeline.finished == result.duration
+
+
+def test_a_timeline_is_frozen() -> None:
+    with open_registry() as registry:
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        timeline = registry.execute("t").timeline
+    assert isinstance(timeline, CallTimeline)
+    fields = ("entered", "dispatched", "cancelled", "settled", "finished")
+    before = [getattr(timeline, field) for field in fields]
+    for field in fields:
+        with pytest.raises(AttributeError):
+            setattr(timeline, field, 0.0)
+    with pytest.raises(AttributeError):
+        timeline.extra = 1  # type: ignore[attr-defined]
+    assert [getattr(timeline, field) for field in fields] == before  # nothing changed it
+
+
+def test_a_retried_call_spans_its_first_dispatch_to_its_last_settle() -> None:
+    # 16.1: `dispatched` is the first start of a body when a wrapper retried, `settled` the last
+    # return. The body stamps each attempt on the same monotonic clock: the first start of a body
+    # comes after `dispatched` and the last return before `settled`, so settled - dispatched
+    # covers them all. The real backoff (50 ms, then 100 ms) is simulated waiting, not ordering:
+    # it makes a timeline of one attempt only (the first or the last) measurably shorter.
+    stamps: list[tuple[str, float]] = []
+    with open_registry() as registry:
+        registry.add_around(RetryPolicy(attempts=3, backoff=0.05))
+
+        @registry.tool
+        def flaky(args: Args, ctx: ToolContext) -> str:
+            stamps.append(("start", time.monotonic()))
+            attempt = sum(kind == "start" for kind, _ in stamps)
+            stamps.append(("end", time.monotonic()))
+            if attempt < 3:
+                raise ConnectionError(f"attempt {attempt} failed")
+            return "third time lucky"
+
+        result = registry.execute("flaky")
+    timeline = result.timeline
+    assert result.ok and result.value == "third time lucky" and timeline is not None
+    assert [kind for kind, _ in stamps] == ["start", "end"] * 3
+    assert timeline.dispatched is not None and timeline.settled is not None
+    first_start, last_end = stamps[0][1], stamps[-1][1]
+    assert timeline.settled - timeline.dispatched >= last_end - first_start >= 0.14
+    assert ordered(0.0, timeline.dispatched, timeline.settled, timeline.finished)
 
 
 def test_a_body_cancelled_midway_records_the_cancel_between_dispatch_and_settle() -> None:
