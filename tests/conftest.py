@@ -1,10 +1,12 @@
 """Shared fixtures: a registry and its observer, resource hygiene, GC control and fast thread
-switching. Every fixture is defined here once; test files only add fixtures of their own."""
+switching, and a check that no test leaves a signal handler changed. Every fixture is defined
+here once; test files only add fixtures of their own."""
 
 from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -15,6 +17,42 @@ from _registry_helpers import Observed, open_registry
 from toolreg import ToolRegistry, deadline
 
 _FD_DIR = "/proc/self/fd"
+# The signals whose handlers tests (or what they run: asyncio, anyio, toolreg's own deferrals)
+# swap on the main thread.
+_CHECKED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGALRM, signal.SIGCHLD)
+
+
+def _wakeup_fd() -> int:
+    """The fd `signal.set_wakeup_fd` writes to, or -1; it can only be read by setting it."""
+    fd = signal.set_wakeup_fd(-1)
+    if fd != -1:
+        signal.set_wakeup_fd(fd)
+    return fd
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_restored() -> Iterator[None]:
+    """Fail a test that leaves a signal handler or the signal wake-up fd changed.
+
+    A leaked handler changes how every later test sees a Ctrl-C (a batch defers a press only
+    under Python's default handler), and what fails then is far from the cause. Tests run on
+    the main thread, the only one allowed to read these.
+    """
+    before = [signal.getsignal(signum) for signum in _CHECKED_SIGNALS]
+    wakeup = _wakeup_fd()
+    yield
+    changed = []
+    for signum, old in zip(_CHECKED_SIGNALS, before, strict=True):
+        new = signal.getsignal(signum)
+        if new is not old:
+            changed.append(f"{signal.Signals(signum).name}: {old!r} -> {new!r}")
+            if old is not None:  # None: installed outside Python, cannot be put back
+                signal.signal(signum, old)  # so that only the leaking test fails
+    left = _wakeup_fd()
+    if left != wakeup:
+        signal.set_wakeup_fd(wakeup)
+        changed.append(f"wake-up fd: {wakeup} -> {left}")
+    assert changed == [], f"signal state left changed: {changed}"
 
 
 @pytest.fixture
