@@ -154,6 +154,23 @@ def open_registry(**options: Any) -> Iterator[ToolRegistry]:
         registry.close()
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic GC off for the block, back on after it if it was on.
+
+    For measurements of what toolreg makes a thread do (CPU while joining, event-loop gaps): a
+    full collection stops every thread for as long as the heap is large (200-600 ms late in the
+    suite, once every framework is imported), which says nothing about the code measured.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def frame_of(thread_id: int | None) -> FrameType | None:
     """The innermost frame a thread is running, read with the cyclic GC paused.
 
@@ -163,13 +180,8 @@ def frame_of(thread_id: int | None) -> FrameType | None:
     lock: the thread deadlocks while holding the GIL, and the whole process stops, timeouts
     included (CPython gh-106883, present in the 3.11 this suite runs on).
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return sys._current_frames().get(thread_id or 0)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def main_thread_sleeps() -> bool:
