@@ -290,8 +290,24 @@ class CancelToken:
         """
         if self._cancelled:
             return True
-        if self._pending is None and self._due is None:
-            return False
+        pending, due = self._pending, self._due
+        if pending is None:
+            if due is None:
+                return False  # eager (or a root): pushes reach it
+            if _now() < due:
+                return False  # a root deadline, not due yet
+        elif len(pending) == 1 and not self._linking:
+            # The usual shape, read without a walk: a call's token under an eager caller, or a
+            # deadline under a call's token. Live if the parent is live with nothing lazy above
+            # it and this token's own due time (if any) is still ahead.
+            parent = pending[0]
+            if (
+                not parent._cancelled
+                and parent._pending is None
+                and parent._due is None
+                and (due is None or _now() < due)
+            ):
+                return False
         return _resolve(self)
 
     @property
@@ -363,6 +379,9 @@ class CancelToken:
 
     def _descends_from(self, ancestor: CancelToken) -> bool:
         """Whether `ancestor`'s cancellation reaches this token (a bounded upward walk)."""
+        pending = self._pending
+        if pending is not None and pending[0] is ancestor:
+            return True  # a lazy child of it (a deadline under the call's token): the usual case
         seen = 0
         frontier: list[CancelToken] = [self]
         while frontier and seen < _DESCENT_LIMIT:
@@ -528,7 +547,7 @@ class CancelToken:
 
     def _close(self) -> None:
         if self._pending is not None or self._due is not None:
-            _resolve(self)  # a cause that came before close() counts, as it would have eagerly
+            self.cancelled  # noqa: B018  # a cause that came before close() counts (eagerly too)
         else:
             timer = self._timer
             if timer is not None and not self._cancelled and _now() >= timer.due:
@@ -818,6 +837,30 @@ def deadline(
     parents: tuple[object, ...] = () if parent is None else (parent,)
     source._token = _new_source_token(parents, seconds, code, "seconds")
     return source
+
+
+def deadline_token(parent: CancelToken, seconds: float, code: str) -> CancelToken:
+    """`deadline(parent, seconds, code).token` for a duration checked already, without a source.
+
+    `TimeoutPolicy`'s per-call deadline: the tool's timeout was validated when the tool was
+    made. Close it with `close_token`; `timed_out(token)` says whether its own due time fired.
+    """
+    token = _new_token()
+    if parent is not _NEVER:
+        token._pending = (parent,)
+    token._due_reason = (code, seconds)
+    token._due = _now() + seconds
+    return token
+
+
+def close_token(token: CancelToken) -> None:
+    """`CancelSource.close()` for a token made without a source (`deadline_token`)."""
+    token._close()
+
+
+def timed_out(token: CancelToken) -> bool:
+    """`CancelSource.timed_out` for a token made without a source (`deadline_token`)."""
+    return token.cancelled and token._timed_out
 
 
 def timeout_of(token_or_reason: object, code: str | None = None) -> TimeoutReason | None:

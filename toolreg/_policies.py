@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _validate
-from ._cancel import CancelSource, CancelToken, deadline
+from ._cancel import CancelSource, CancelToken, close_token, deadline_token, timed_out
 from ._hooks import Dispatch, Proceed
 from ._results import ErrorCode, ToolResult
 
@@ -57,25 +57,29 @@ class TimeoutPolicy:
         self.default = default
 
     def __call__(self, dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
-        seconds = dispatch.tool.timeout if dispatch.tool.timeout is not None else self.default
+        seconds = dispatch.tool.timeout
         if seconds is None:
-            return proceed()
+            seconds = self.default
+            if seconds is None:
+                return proceed()
         previous = dispatch.token
         call_token = dispatch.call_token
         # The deadline also follows the call's token, so a caller who cancels first cancels it
         # (with the caller's reason, never `timed_out`) even when an outer wrapper replaced
         # `dispatch.token` with a token the caller does not reach.
         follows = None if previous is call_token else CancelSource(previous, call_token)
-        budget = deadline(previous if follows is None else follows.token, seconds, self.code)
-        dispatch.token = budget.token
+        # Both durations were validated already (the tool's when it was made, `default` here).
+        parent = previous if follows is None else follows.token
+        budget = deadline_token(parent, float(seconds), self.code)
+        dispatch.token = budget
         try:
             result = proceed()
         finally:
-            budget.close()  # disarm first: from here on the timer cannot fire
+            close_token(budget)  # disarm first: from here on the timer cannot fire
             if follows is not None:
                 follows.close()
             dispatch.token = previous
-        if budget.timed_out and result.code in _CANCELLATIONS:
+        if result.code in _CANCELLATIONS and timed_out(budget):
             message = f"tool call timed out after {format(seconds, 'g')}s"
             return ToolResult.failure(result.call, ErrorCode.TOOL_TIMEOUT, message, result.contexts)
         return result
