@@ -130,6 +130,10 @@ class CallState:
     hook_error: ToolResult[Any] | None = None
     #: A result the registry built and no user code has seen: finished in place.
     own_result: ToolResult[Any] | None = None
+    #: The result the around chain last handed back from a `proceed()` (or the body), made
+    #: or checked by the registry: a wrapper that returns it as it is needs no check. Written
+    #: by whichever thread runs that part of the chain; any value it holds is well-formed.
+    proceeded: ToolResult[Any] | None = None
     #: The around chain: open while the outermost wrapper runs; `foreign_proceeds` counts
     #: `proceed()` calls running on other threads, and `drained` is set when the last one
     #: leaves after the chain closed. Guarded by `_pipeline.PROCEEDS_LOCK`.
@@ -152,6 +156,7 @@ class CallState:
         inline: bool,
         progress: ProgressSink | None,
         wall: float | None = None,
+        thread: int | None = None,
     ) -> None:
         #: The call: as given until the entry checks passed (`admit`), then as executed, with
         #: frozen arguments.
@@ -173,7 +178,7 @@ class CallState:
         self.wall = time.time() - (time.monotonic() - entered) if wall is None else wall
         #: The stage thread's ident, and whether bodies run on it (`mode.inline`, or it is a
         #: worker already running a body of this registry).
-        self.thread = threading.get_ident()
+        self.thread = threading.get_ident() if thread is None else thread
         self.inline = inline
         self.debug = _logger.isEnabledFor(logging.DEBUG)  # one cheap check per call
         #: The caller's `progress=` sink (direct and awaited calls only).

@@ -37,7 +37,7 @@ from concurrent.futures import Executor, Future
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._body import Submit, ToolContext
+from ._body import Submit
 from ._call import CallMode, CallState, Stage
 from ._cancel import CancelToken
 from ._catalog import CatalogEntry
@@ -115,7 +115,10 @@ class Dispatcher:
         self._foreign_inherited = False  # forked with a caller's executor: unusable
         self._foreign_threads: dict[int, int] = {}  # thread ident -> bodies it runs right now
         self._coroutines = CoroutineRunner(name)
-        self._submit: Submit = self._hand_over if self._pool is not None else self._submit_foreign
+        # The pool's own hand-off, bound once: a body's hand-over is one call, no wrapper.
+        self._submit: Submit = (
+            self._pool._hand_over if self._pool is not None else self._submit_foreign
+        )
         _register(self)
 
     # -- running calls -----------------------------------------------------------------------
@@ -148,7 +151,7 @@ class Dispatcher:
             or ident == self._coroutines.loop_ident
         )
         hooks = self._hooks.current
-        state = CallState(call, hooks, caller, mode, entered, inline, progress, wall)
+        state = CallState(call, hooks, caller, mode, entered, inline, progress, wall, ident)
         if owns_call:
             state.owns_call = True
         # Admission, inline: this runs for every call.
@@ -219,11 +222,6 @@ class Dispatcher:
         return self._pool is not None
 
     # -- handing bodies over ---------------------------------------------------------------------
-
-    def _hand_over(self, ctx: ToolContext) -> bool:
-        pool = self._pool
-        assert pool is not None
-        return pool._hand_over(ctx)
 
     def hand_over(self, item: Any, may_block: bool = True) -> None:
         """Run `item._run()` on a worker (batch runners, awaited calls); `_drop()` if never."""

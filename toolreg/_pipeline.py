@@ -35,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from threading import get_ident
 from typing import Any, Protocol
 
 from ._body import BodyHost, Submit, ToolContext, run_body
@@ -65,6 +66,16 @@ logger = logging.getLogger("toolreg")
 
 _ABORTED = ErrorCode.ABORTED
 _BEFORE = ErrorCode.ABORTED_BEFORE_DISPATCH
+# Enum members read once: `_BODY` costs a descriptor call on every read (~0.1 us).
+_PRE_EXECUTE, _APPROVAL, _GUARDS, _AROUND = (
+    Stage.PRE_EXECUTE,
+    Stage.APPROVAL,
+    Stage.GUARDS,
+    Stage.AROUND,
+)
+_DISPATCH, _BODY, _AFTER_BODY = Stage.DISPATCH, Stage.BODY, Stage.AFTER_BODY
+_POST_EXECUTE, _OBSERVERS = Stage.POST_EXECUTE, Stage.OBSERVERS
+_TOOL_ERROR = ErrorCode.TOOL_ERROR
 _NO_CONTEXTS: tuple[Any, ...] = ()
 
 PROCEEDS_LOCK = threading.Lock()  # guards every CallState's chain_open, foreign_proceeds, drained
@@ -181,7 +192,8 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
         result = _gate(state) if (hooks.pre_execute or hooks.guards) else None
         if result is None:
             result = _around(host, state) if hooks.around else _body(host, state, state.token)
-            result = _unless_revoked(state, result)
+            if result.ok and state.live and state.token.cancelled:  # `_unless_revoked`, inline
+                result = _aborted(state, tuple(result.contexts))
         # The very result the registry made for a broken hook skips the post hooks.
         if hooks.post_execute and result is not state.hook_error:
             result = _post_execute(state, result)
@@ -227,7 +239,8 @@ def _finish(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
             end_traces(state.traces, final)
         except INTERRUPTS as exc:  # the observers still see the result first
             state.interrupt(exc)
-    _notify(state, final)
+    if state.hooks.observers:
+        _notify(state, final)
     return final
 
 
@@ -257,7 +270,7 @@ def _gate(state: CallState) -> ToolResult[Any] | None:
 
 def _pre_execute(state: CallState) -> ToolResult[Any] | Ask | None:
     first_ask: Ask | None = None
-    state.at(Stage.PRE_EXECUTE)
+    state.at(_PRE_EXECUTE)
     for hook in state.hooks.pre_execute:
         try:
             decision: object = hook(state.call, state.token)
@@ -278,7 +291,7 @@ def _approve(state: CallState, ask: Ask) -> ToolResult[Any] | None:
     approver = state.hooks.approver
     if approver is None:
         return _denied(state, ask.reason)
-    state.at(Stage.APPROVAL)
+    state.at(_APPROVAL)
     try:
         approved = approver(state.call, ask.reason, state.token)
     except INTERRUPTS as exc:
@@ -296,7 +309,7 @@ def _approve(state: CallState, ask: Ask) -> ToolResult[Any] | None:
 
 
 def _guards(state: CallState) -> ToolResult[Any] | None:
-    state.at(Stage.GUARDS)
+    state.at(_GUARDS)
     for guard in state.hooks.guards:
         try:
             verdict: object = guard(state.call)
@@ -319,7 +332,7 @@ def _denied(state: CallState, reason: object) -> ToolResult[Any]:
 
 def _around(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     dispatch = Dispatch(state.call, state.tool, state.caller, state.token)
-    state.at(Stage.AROUND)
+    state.at(_AROUND)
     state.chain_open = True
     result = _proceed_from(host, state, dispatch, 0)
     _close_chain(state)
@@ -332,24 +345,30 @@ def _proceed_from(
     """Run wrapper `index` (or, past the last, the body); never raises."""
     wrappers = state.hooks.around
     if index == len(wrappers):
-        return _body(host, state, dispatch.token)
+        result = _body(host, state, dispatch.token)
+        state.proceeded = result
+        return result
     proceed = functools.partial(_proceed, host, state, dispatch, index + 1)
     try:
-        result: object = wrappers[index](dispatch, proceed)
+        returned: object = wrappers[index](dispatch, proceed)
     except BaseException as exc:
         return _raised(state, "around wrapper", exc, dispatch.token)
-    problem = _malformed(result)
-    if problem is not None:
-        return _hook_failure(state, "around wrapper", problem)
-    assert isinstance(result, ToolResult)
-    return result
+    # What its proceed() returned, handed on as it is (a pass-through, TimeoutPolicy on time),
+    # was made or checked by the registry already.
+    if returned is None or returned is not state.proceeded:
+        problem = _malformed(returned)
+        if problem is not None:
+            return _hook_failure(state, "around wrapper", problem)
+        assert isinstance(returned, ToolResult)
+        state.proceeded = returned
+    return returned  # type: ignore[return-value]  # checked above, or the registry's own
 
 
 def _proceed(
     host: PipelineHost, state: CallState, dispatch: Dispatch, index: int
 ) -> ToolResult[Any]:
     """What a wrapper calls as `proceed()`: the rest of the chain, joined; never raises."""
-    if threading.get_ident() == state.thread:
+    if get_ident() == state.thread:
         if not state.chain_open:
             return _hook_failure(state, "around wrapper", "called proceed() after the call ended")
         return _proceed_from(host, state, dispatch, index)
@@ -394,7 +413,7 @@ def _wait_event(event: threading.Event, timeout: float) -> bool:
 
 
 def _body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolResult[Any]:
-    state.stage = Stage.DISPATCH
+    state.stage = _DISPATCH
     if state.debug:
         state.log_stage()
     token = state.token
@@ -409,7 +428,7 @@ def _body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolRe
             token = fused.token
     ctx = ToolContext(state, token, host)
     state.body = ctx
-    state.stage = Stage.BODY
+    state.stage = _BODY
     if state.debug:
         state.log_stage()
     # Inline: already on a thread dedicated to this call; a runner joins its remote body here.
@@ -422,7 +441,7 @@ def _body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolRe
     contexts = ctx._finish()
     state.mark_body(ctx)
     if refused is not None:
-        return _failure(state.call, ErrorCode.TOOL_ERROR, refused, contexts)
+        return _failure(state.call, _TOOL_ERROR, refused, contexts)
     return _body_result(state, ctx, contexts)
 
 
@@ -430,7 +449,7 @@ def _body_result(state: CallState, ctx: ToolContext, contexts: tuple[Any, ...]) 
     if not ctx._started:
         return _aborted(state)
     state.dispatched = True
-    state.stage = Stage.AFTER_BODY
+    state.stage = _AFTER_BODY
     if state.debug:
         state.log_stage()
     error = ctx._error
@@ -438,7 +457,7 @@ def _body_result(state: CallState, ctx: ToolContext, contexts: tuple[Any, ...]) 
         return _success(state, ctx._value, ctx._live_on_return, contexts)
     if isinstance(error, Cancelled) and ctx.token.cancelled:
         return _aborted(state, contexts)
-    return _failure(state.call, ErrorCode.TOOL_ERROR, describe(error), contexts, error)
+    return _failure(state.call, _TOOL_ERROR, describe(error), contexts, error)
 
 
 def _success(
@@ -456,7 +475,7 @@ def _success(
         except Exception as exc:
             problem = str(getattr(exc, "message", None) or describe(exc))
             message = f"the value does not match the output schema: {problem}"
-            return _failure(call, ErrorCode.TOOL_ERROR, message, contexts)
+            return _failure(call, _TOOL_ERROR, message, contexts)
     try:
         content = render_content(value, state.tool.render)
     except INTERRUPTS as exc:
@@ -464,7 +483,7 @@ def _success(
         return _aborted(state, contexts)
     except BaseException as exc:
         message = f"cannot render a {type(value).__name__} result: {describe(exc)}"
-        return _failure(call, ErrorCode.TOOL_ERROR, message, contexts, exc)
+        return _failure(call, _TOOL_ERROR, message, contexts, exc)
     result = make_result(call, True, content, value, None, contexts)
     hooks = state.hooks
     if not (hooks.around or hooks.post_execute):
@@ -483,7 +502,7 @@ def _unless_revoked(state: CallState, result: ToolResult[Any]) -> ToolResult[Any
 
 
 def _post_execute(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
-    state.at(Stage.POST_EXECUTE)
+    state.at(_POST_EXECUTE)
     for hook in state.hooks.post_execute:
         try:
             replaced: object = hook(result, state.token)
@@ -508,7 +527,7 @@ def _notify(state: CallState, result: ToolResult[Any]) -> None:
     observers = state.hooks.observers
     if not observers:
         return
-    state.at(Stage.OBSERVERS)
+    state.at(_OBSERVERS)
     for observer in observers:
         try:
             observer(result)

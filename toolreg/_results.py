@@ -252,4 +252,7 @@ def finish_result(
     result: ToolResult[Any], dispatched: bool, duration: float, timeline: CallTimeline
 ) -> None:
     """Set what the registry owns on a result no user code has seen yet (in place)."""
-    result.__dict__.update(dispatched=dispatched, duration=duration, timeline=timeline)
+    fields = result.__dict__  # item by item, as make_result: no keyword dict to build
+    fields["dispatched"] = dispatched
+    fields["duration"] = duration
+    fields["timeline"] = timeline
