@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import tracemalloc
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -152,6 +153,28 @@ def open_registry(**options: Any) -> Iterator[ToolRegistry]:
         yield registry
     finally:
         registry.close()
+
+
+TRACED_FRAMES = 8  # `tracemalloc.start(TRACED_FRAMES)`: deep enough to see whose thread it is
+# Threads that other libraries keep for the whole process once a test has used them
+# (distributed's IO loop and its executors), and the snapshot's own objects.
+_NOT_OURS = [
+    tracemalloc.Filter(False, "*/distributed/*", all_frames=True),
+    tracemalloc.Filter(False, "*/tornado/*", all_frames=True),
+    tracemalloc.Filter(False, tracemalloc.__file__),
+]
+
+
+def traced_ours() -> int:
+    """The bytes tracemalloc holds now, less what other libraries' own threads allocated.
+
+    Memory tests measure this rather than the process's total: a thread an earlier test left
+    behind allocates on its own schedule (distributed keeps its IO loop thread for the whole
+    process), which is no growth of ours. Trace with `TRACED_FRAMES` frames, so that an
+    allocation on such a thread shows whose it is.
+    """
+    snapshot = tracemalloc.take_snapshot().filter_traces(_NOT_OURS)
+    return sum(trace.size for trace in snapshot.traces)
 
 
 @contextlib.contextmanager

@@ -16,11 +16,13 @@ from typing import Any
 
 import pytest
 from _registry_helpers import (
+    TRACED_FRAMES,
     Args,
     Caller,
     counting_tool,
     holds_nothing,
     open_registry,
+    traced_ours,
 )
 
 import toolreg
@@ -49,17 +51,17 @@ def test_long_lived_caller_token_holds_nothing_after_100000_calls_and_memory_is_
         assert result.value == untraced - 1
         assert holds_nothing(token)
         gc.collect()
-        tracemalloc.start()
+        tracemalloc.start(TRACED_FRAMES)
         try:
             half = TRACED_CALLS // 2
             for n in range(half):
                 registry.execute("work", {"n": n}, token=token)
             gc.collect()
-            middle = tracemalloc.get_traced_memory()[0]
+            middle = traced_ours()
             for n in range(half):
                 registry.execute("work", {"n": n}, token=token)
             gc.collect()
-            end = tracemalloc.get_traced_memory()[0]
+            end = traced_ours()
         finally:
             tracemalloc.stop()
         assert holds_nothing(token)

@@ -18,7 +18,16 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from _registry_helpers import WAIT, Caller, Gate, holds_nothing, open_registry, wait_until
+from _registry_helpers import (
+    TRACED_FRAMES,
+    WAIT,
+    Caller,
+    Gate,
+    holds_nothing,
+    open_registry,
+    traced_ours,
+    wait_until,
+)
 
 pytest.importorskip("opentelemetry.sdk")
 
@@ -749,16 +758,16 @@ def test_traced_calls_leave_nothing_on_the_callers_token_and_memory_is_flat() ->
         for _ in range(2_000):
             registry.execute("t", token=session.token)
         gc.collect()
-        tracemalloc.start()
+        tracemalloc.start(TRACED_FRAMES)
         try:
             for _ in range(2_000):
                 registry.execute("t", token=session.token)
             gc.collect()
-            middle = tracemalloc.get_traced_memory()[0]
+            middle = traced_ours()
             for _ in range(2_000):
                 registry.execute("t", token=session.token)
             gc.collect()
-            end = tracemalloc.get_traced_memory()[0]
+            end = traced_ours()
         finally:
             tracemalloc.stop()
         assert holds_nothing(session.token)

@@ -33,6 +33,7 @@ import pytest
 from _registry_helpers import (
     ABORTED,
     BEFORE,
+    TRACED_FRAMES,
     WAIT,
     Caller,
     Gate,
@@ -41,6 +42,7 @@ from _registry_helpers import (
     gc_paused,
     holds_nothing,
     open_registry,
+    traced_ours,
     wait_until,
 )
 
@@ -1300,14 +1302,14 @@ def test_memory_stays_flat_over_many_timed_calls_on_one_caller_token() -> None:
         heap_before = len(_TIMER._heap)  # other tests' live deadlines may still be queued
         run(warmup)
         gc.collect()
-        tracemalloc.start()
+        tracemalloc.start(TRACED_FRAMES)
         try:
             run(settle)
             gc.collect()
-            before = tracemalloc.get_traced_memory()[0]
+            before = traced_ours()
             largest_heap = run(calls)
             gc.collect()
-            after = tracemalloc.get_traced_memory()[0]
+            after = traced_ours()
         finally:
             tracemalloc.stop()
 
