@@ -10,7 +10,6 @@ JSON-serializable copy.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -56,6 +55,8 @@ class CatalogEntry:
         runner = getattr(tool.fn, RUNNER_ATTRIBUTE, None)
         if runner is not None and not callable(runner):
             raise TypeError(f"tool {tool.name!r}: its body's runner is not callable")
+        import inspect  # at the first registration: `import toolreg` does not pay for it
+
         return cls(
             tool,
             schema,

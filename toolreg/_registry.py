@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -186,6 +185,8 @@ class ToolRegistry:
         """
 
         def decorate(fn: F) -> F:
+            import inspect  # only for a docstring: `import toolreg` does not pay for it
+
             text = description if description is not None else inspect.getdoc(fn) or ""
             tool = Tool(
                 name or fn.__name__,
@@ -438,7 +439,12 @@ def _check_callable(fn: object, what: str) -> None:
 
 
 def _check_executor(executor: object) -> None:
-    if isinstance(executor, (WorkerPool, ThreadPoolExecutor)):
+    if isinstance(executor, WorkerPool):
+        return
+    # Imported only for a caller's own executor: `import toolreg` does not pay for it.
+    from concurrent.futures import ThreadPoolExecutor
+
+    if isinstance(executor, ThreadPoolExecutor):
         return
     if type(executor).__module__.partition(".")[0] == "distributed":
         # Read from the type, so that checking never imports distributed.

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import datetime
 import enum
 import itertools
-import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 __all__ = ["CallTimeline", "ErrorCode", "ToolCall", "ToolError", "ToolResult"]
 
 if TYPE_CHECKING:  # a bare `ToolResult` means ToolResult[Any] for type checkers (PEP 696)
+    import datetime
+
     from typing_extensions import TypeVar as _DefaultTypeVar
 
     T = _DefaultTypeVar("T", default=Any)
@@ -108,7 +108,17 @@ class ToolError:
     exception: BaseException | None = None
 
 
-_ENCODER = json.JSONEncoder(ensure_ascii=False)
+def _first_encode(value: object) -> str:
+    # json is imported by the first value that needs it, not by `import toolreg`; from then on
+    # `_encode` is the encoder's own method. Two threads racing here each build an equal encoder.
+    global _encode
+    import json
+
+    _encode = json.JSONEncoder(ensure_ascii=False).encode
+    return _encode(value)
+
+
+_encode: Callable[[object], str] = _first_encode
 
 _FAILURE_CONTENT = {
     ErrorCode.ABORTED: "Error: tool call aborted",
@@ -130,7 +140,7 @@ def render_content(value: object, render: Callable[[Any], str] | None = None) ->
         return int.__repr__(value)
     if isinstance(value, str):
         return str(value)
-    return _ENCODER.encode(value)
+    return _encode(value)
 
 
 def failure_content(code: ErrorCode, message: str) -> str:
@@ -159,6 +169,8 @@ class CallTimeline(NamedTuple):
     @property
     def entered_at(self) -> datetime.datetime:
         """`entered` as an aware UTC `datetime`."""
+        import datetime  # only this property needs it: `import toolreg` does not pay for it
+
         return datetime.datetime.fromtimestamp(self.entered, datetime.timezone.utc)
 
 
