@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 if TYPE_CHECKING:
@@ -30,6 +29,7 @@ from ._hooks import (
 )
 from ._pool import WorkerPool
 from ._progress import ProgressCallback, ProgressSink
+from ._record import record
 from ._results import ToolCall, ToolResult, frozen_call, new_call_id
 from ._tools import ConcurrencySafe, Tool
 
@@ -44,7 +44,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_MAX_WORKERS = 8
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class InFlightCall:
     """A snapshot of one call in progress (times are `time.monotonic()` seconds).
 
@@ -57,6 +57,24 @@ class InFlightCall:
     cancelled: bool
     cancelled_at: float | None
     dispatched: bool
+
+    def __init__(
+        self,
+        call: ToolCall,
+        stage: Stage,
+        started: float,
+        cancelled: bool,
+        cancelled_at: float | None,
+        dispatched: bool,
+    ) -> None:
+        self.__dict__.update(
+            call=call,
+            stage=stage,
+            started=started,
+            cancelled=cancelled,
+            cancelled_at=cancelled_at,
+            dispatched=dispatched,
+        )
 
 
 class ToolRegistry:

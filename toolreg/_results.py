@@ -6,8 +6,9 @@ import enum
 import itertools
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+
+from ._record import record
 
 __all__ = ["CallTimeline", "ErrorCode", "ToolCall", "ToolError", "ToolResult"]
 
@@ -65,7 +66,7 @@ def new_call_id() -> str:
     return f"{_call_id_prefix}{next(_call_ids)}"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ToolCall:
     """A request to run the tool `name` with `arguments`.
 
@@ -81,7 +82,7 @@ class ToolCall:
     def __init__(
         self, name: str, arguments: Mapping[str, Any] | None = None, call_id: str | None = None
     ) -> None:
-        # One dict update instead of three frozen-dataclass setattr calls: this is a hot path.
+        # One dict update instead of three frozen setattr calls: this is a hot path.
         self.__dict__.update(
             name=name,
             arguments={} if arguments is None else arguments,
@@ -99,13 +100,18 @@ def frozen_call(name: str, arguments: Mapping[str, Any] | None, call_id: str) ->
     return call
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ToolError:
     """What went wrong: an `ErrorCode`, a message, and the exception if one was raised."""
 
     code: ErrorCode
     message: str
     exception: BaseException | None = None
+
+    def __init__(
+        self, code: ErrorCode, message: str, exception: BaseException | None = None
+    ) -> None:
+        self.__dict__.update(code=code, message=message, exception=exception)
 
 
 def _first_encode(value: object) -> str:
@@ -174,7 +180,7 @@ class CallTimeline(NamedTuple):
         return datetime.datetime.fromtimestamp(self.entered, datetime.timezone.utc)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ToolResult(Generic[T]):
     """The final outcome of one call (a frozen dataclass).
 
@@ -198,6 +204,29 @@ class ToolResult(Generic[T]):
     dispatched: bool = False
     duration: float = 0.0
     timeline: CallTimeline | None = None
+
+    def __init__(
+        self,
+        call: ToolCall,
+        ok: bool,
+        content: str,
+        value: T | None = None,
+        error: ToolError | None = None,
+        contexts: tuple[Any, ...] = (),
+        dispatched: bool = False,
+        duration: float = 0.0,
+        timeline: CallTimeline | None = None,
+    ) -> None:
+        fields = self.__dict__  # item by item: no keyword dict to build
+        fields["call"] = call
+        fields["ok"] = ok
+        fields["content"] = content
+        fields["value"] = value
+        fields["error"] = error
+        fields["contexts"] = contexts
+        fields["dispatched"] = dispatched
+        fields["duration"] = duration
+        fields["timeline"] = timeline
 
     @classmethod
     def success(cls, call: ToolCall, value: T, contexts: tuple[Any, ...] = ()) -> ToolResult[T]:
@@ -245,7 +274,7 @@ def make_result(
     duration: float = 0.0,
     timeline: CallTimeline | None = None,
 ) -> ToolResult[Any]:
-    """A `ToolResult` without the frozen dataclass's per-field `__setattr__` (the hot path)."""
+    """A `ToolResult` without a call of `__init__` (the hot path)."""
     result: ToolResult[Any] = _new_object(ToolResult)
     fields = result.__dict__  # item by item: no keyword dict to build
     fields["call"] = call
