@@ -34,8 +34,8 @@ from toolreg import (
 )
 from toolreg._record import record
 
-# Loaded only by what needs them (a misuse, a JSON value, `entered_at`, a registration).
-NOT_LOADED = ("dataclasses", "inspect", "json", "datetime", "copy", "ast", "dis")
+# Loaded only by what needs them (a misuse, a JSON value, `entered_at`, a registration, a batch).
+NOT_LOADED = ("dataclasses", "inspect", "json", "datetime", "copy", "ast", "dis", "signal")
 
 
 def test_import_toolreg_loads_neither_dataclasses_nor_what_only_some_paths_need() -> None:
