@@ -271,6 +271,10 @@ def test_a_record_needs_its_own_init_and_must_be_frozen() -> None:
     with pytest.raises(TypeError, match="frozen=True"):
         record()
 
+    with pytest.raises(TypeError, match="from __future__ import annotations"):
+        namespace = {"__annotations__": {"x": int}, "__init__": lambda self: None}
+        record(frozen=True)(type("Evaluated", (), namespace))
+
 
 def test_records_are_public_under_toolreg() -> None:
     # The rebuilt slots classes are the ones exported (and renamed to their public module).

@@ -45,6 +45,9 @@ class _Declaration:
         keyword_only = False
         # A class's own annotations (Python 3.10+; `inspect.get_annotations` would load inspect).
         for name, annotation in cls.__annotations__.items():
+            if not isinstance(annotation, str):  # the KW_ONLY marker is recognized by its text
+                need = "`from __future__ import annotations`"
+                raise TypeError(f"record {cls.__qualname__} needs {need} in its module")
             if annotation == _KW_ONLY:
                 keyword_only = True
                 continue
