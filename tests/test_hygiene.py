@@ -7,7 +7,6 @@ body settles), B.17 (DEBUG logging) and A.4 (the GC and critical sections).
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import threading
@@ -132,7 +131,7 @@ def test_a_finalizer_removing_a_hook_during_registration_does_not_deadlock(
         def __del__(self) -> None:
             removed.append(self.registration.remove())
 
-    rebuild = dataclasses.replace
+    rebuild = toolreg._hooks.HookSet.replace
 
     def rebuild_with_a_collection(*args: Any, **kwargs: Any) -> Any:
         gc.collect()  # what an allocation can trigger at any moment
@@ -140,7 +139,7 @@ def test_a_finalizer_removing_a_hook_during_registration_does_not_deadlock(
 
     def register() -> None:
         Owner()  # cyclic garbage whose finalizer needs the registry
-        monkeypatch.setattr(toolreg._hooks.dataclasses, "replace", rebuild_with_a_collection)
+        monkeypatch.setattr(toolreg._hooks.HookSet, "replace", rebuild_with_a_collection)
         registry.add_pre_execute(lambda call, token: None)
 
     worker = threading.Thread(target=register, daemon=True)

@@ -12,10 +12,10 @@ import enum
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._cancel import CancelToken, _cancel, child_token
+from ._record import record
 
 if TYPE_CHECKING:
     from ._body import ToolContext
@@ -48,7 +48,7 @@ class Stage(str, enum.Enum):
         return self.value
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class CallMode:
     """How a call was entered. Use the named constructors; instances are shared constants.
 
@@ -64,6 +64,14 @@ class CallMode:
     start_if_cancelled: bool
     inline: bool
     admit_while_closing: bool
+
+    def __init__(
+        self, name: str, start_if_cancelled: bool, inline: bool, admit_while_closing: bool
+    ) -> None:
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "start_if_cancelled", start_if_cancelled)
+        object.__setattr__(self, "inline", inline)
+        object.__setattr__(self, "admit_while_closing", admit_while_closing)
 
     @staticmethod
     def direct(start_if_cancelled: bool = True) -> CallMode:

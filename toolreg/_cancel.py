@@ -47,7 +47,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
@@ -56,6 +55,7 @@ if TYPE_CHECKING:
 from . import _validate
 from ._interrupts import INTERRUPTS
 from ._jobs import JobThreads
+from ._record import record
 from ._timer import ManualClock, Timer, TimerEntry
 
 __all__ = [
@@ -78,12 +78,16 @@ _now = time.monotonic  # the clock of every due time and cancellation moment; se
 _PENDING, _RUNNING, _DONE, _REMOVED = range(4)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class TimeoutReason:
     """The cancellation reason of a deadline: which `code` it carried, after how many seconds."""
 
     code: str
     seconds: float
+
+    def __init__(self, code: str, seconds: float) -> None:
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "seconds", seconds)
 
     def __str__(self) -> str:
         return f"{self.code}: timed out after {format(self.seconds, 'g')}s"

@@ -10,15 +10,14 @@ JSON-serializable copy.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._cancel import Registration
 from ._hooks import HookRegistration
+from ._record import record
 from ._tools import Tool, Validator, compile_output_schema, compile_schema, thaw
 
 if TYPE_CHECKING:
@@ -36,7 +35,7 @@ SchemaStyle = Literal["openai", "anthropic", "mcp"]
 _PROVIDER_NAME_LIMIT = 64  # OpenAI and Anthropic: [A-Za-z0-9_-]{1,64}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CatalogEntry:
     """A registered tool with what was compiled for it at registration."""
 
@@ -48,6 +47,26 @@ class CatalogEntry:
     is_async: bool  # an `async def` body: it runs on the registry's event loop thread
     runner: Runner | None = None  # runs the body elsewhere (a cluster); see `_body.Runner`
 
+    def __init__(
+        self,
+        tool: Tool,
+        schema: dict[str, Any],
+        validator: Validator | None,
+        output_schema: dict[str, Any] | None,
+        output_validator: Validator | None,
+        is_async: bool,
+        runner: Runner | None = None,
+    ) -> None:
+        self.__dict__.update(
+            tool=tool,
+            schema=schema,
+            validator=validator,
+            output_schema=output_schema,
+            output_validator=output_validator,
+            is_async=is_async,
+            runner=runner,
+        )
+
     @classmethod
     def build(cls, tool: Tool) -> CatalogEntry:
         """Compile the tool's schemas; `ValueError` for an invalid one."""
@@ -56,6 +75,8 @@ class CatalogEntry:
         runner = getattr(tool.fn, RUNNER_ATTRIBUTE, None)
         if runner is not None and not callable(runner):
             raise TypeError(f"tool {tool.name!r}: its body's runner is not callable")
+        import inspect  # at the first registration: `import toolreg` does not pay for it
+
         return cls(
             tool,
             schema,

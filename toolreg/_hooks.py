@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._cancel import CancelToken, Registration
+from ._record import record
 from ._results import ToolCall, ToolResult
 
 if TYPE_CHECKING:
@@ -31,23 +30,29 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Allow:
     """A pre-execute decision: go on (the same as returning None)."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Deny:
     """A pre-execute decision: refuse the call (`DENIED` with `reason`); final."""
 
     reason: str
 
+    def __init__(self, reason: str) -> None:
+        self.__dict__["reason"] = reason
 
-@dataclass(frozen=True)
+
+@record(frozen=True)
 class Ask:
     """A pre-execute decision: go on only if the approver approves (`reason` is shown to it)."""
 
     reason: str
+
+    def __init__(self, reason: str) -> None:
+        self.__dict__["reason"] = reason
 
 
 Decision = Allow | Deny | Ask
@@ -181,7 +186,7 @@ class Dispatch:
         return f"<Dispatch {self._call.name!r} token={self._token!r}>"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HookSet:
     """The hooks of one moment: a call uses the set that was current at its entry."""
 
@@ -193,6 +198,32 @@ class HookSet:
     observers: tuple[ResultObserver, ...] = ()
     call_hooks: tuple[CallHook, ...] = ()
     tools_changed: tuple[Callable[[], object], ...] = ()  # registry-level, not per call
+
+    def __init__(
+        self,
+        pre_execute: tuple[PreExecuteHook, ...] = (),
+        approver: Approver | None = None,
+        guards: tuple[Guard, ...] = (),
+        around: tuple[AroundWrapper, ...] = (),
+        post_execute: tuple[PostExecuteHook, ...] = (),
+        observers: tuple[ResultObserver, ...] = (),
+        call_hooks: tuple[CallHook, ...] = (),
+        tools_changed: tuple[Callable[[], object], ...] = (),
+    ) -> None:
+        self.__dict__.update(
+            pre_execute=pre_execute,
+            approver=approver,
+            guards=guards,
+            around=around,
+            post_execute=post_execute,
+            observers=observers,
+            call_hooks=call_hooks,
+            tools_changed=tools_changed,
+        )
+
+    def replace(self, **changes: Any) -> HookSet:
+        """A copy with `changes` (field name: value), like `dataclasses.replace`."""
+        return HookSet(**{**self.__dict__, **changes})
 
 
 class HookRegistration(Registration):
@@ -237,22 +268,18 @@ class HookTable:
 
         def add(hooks: HookSet) -> HookSet:
             changes: dict[str, Any] = {kind: (*getattr(hooks, kind), key)}
-            return dataclasses.replace(hooks, **changes)
+            return hooks.replace(**changes)
 
         self._swap(add)
         return HookRegistration(lambda: self._remove(kind, key))
 
     def set_approver(self, approver: Approver) -> Registration:
         """Make `approver` the approver; its registration removes it if it is still current."""
-        self._swap(lambda hooks: dataclasses.replace(hooks, approver=approver))
+        self._swap(lambda hooks: hooks.replace(approver=approver))
 
         def undo() -> bool:
             return self._swap(
-                lambda hooks: (
-                    dataclasses.replace(hooks, approver=None)
-                    if hooks.approver is approver
-                    else None
-                )
+                lambda hooks: hooks.replace(approver=None) if hooks.approver is approver else None
             )
 
         return HookRegistration(undo)
@@ -264,7 +291,7 @@ class HookTable:
             if len(kept) == len(current):
                 return None
             changes: dict[str, Any] = {kind: kept}
-            return dataclasses.replace(hooks, **changes)
+            return hooks.replace(**changes)
 
         return self._swap(remove)
 

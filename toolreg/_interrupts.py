@@ -34,7 +34,6 @@ instead. A custom handler installed by the application is never replaced.
 from __future__ import annotations
 
 import contextlib
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -132,6 +131,8 @@ def deferred_sigint() -> Iterator[SigintRequest]:
     if threading.current_thread() is not threading.main_thread():
         yield request  # signals are only handled on the main thread: nothing to defer
         return
+    import signal  # a batch on the main thread loads it (its enums cost), not `import toolreg`
+
     try:
         previous = signal.getsignal(signal.SIGINT)
     except ValueError:  # pragma: no cover - an interpreter without signal support

@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import _validate
 from ._interrupts import INTERRUPTS
+from ._record import record
 
 if TYPE_CHECKING:
     from ._results import ToolCall
@@ -27,7 +27,7 @@ __all__ = ["ProgressCallback", "ProgressSink", "ToolProgress", "check_progress"]
 logger = logging.getLogger("toolreg")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ToolProgress:
     """One progress update of a call: how far (`progress` of `total`), with an optional message.
 
@@ -38,6 +38,18 @@ class ToolProgress:
     progress: float
     total: float | None = None
     message: str | None = None
+
+    def __init__(
+        self,
+        call: ToolCall,
+        progress: float,
+        total: float | None = None,
+        message: str | None = None,
+    ) -> None:
+        object.__setattr__(self, "call", call)
+        object.__setattr__(self, "progress", progress)
+        object.__setattr__(self, "total", total)
+        object.__setattr__(self, "message", message)
 
 
 ProgressCallback = Callable[[ToolProgress], object]

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 if TYPE_CHECKING:
@@ -31,6 +29,7 @@ from ._hooks import (
 )
 from ._pool import WorkerPool
 from ._progress import ProgressCallback, ProgressSink
+from ._record import record
 from ._results import ToolCall, ToolResult, frozen_call, new_call_id
 from ._tools import ConcurrencySafe, Tool
 
@@ -45,7 +44,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_MAX_WORKERS = 8
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class InFlightCall:
     """A snapshot of one call in progress (times are `time.monotonic()` seconds).
 
@@ -58,6 +57,24 @@ class InFlightCall:
     cancelled: bool
     cancelled_at: float | None
     dispatched: bool
+
+    def __init__(
+        self,
+        call: ToolCall,
+        stage: Stage,
+        started: float,
+        cancelled: bool,
+        cancelled_at: float | None,
+        dispatched: bool,
+    ) -> None:
+        self.__dict__.update(
+            call=call,
+            stage=stage,
+            started=started,
+            cancelled=cancelled,
+            cancelled_at=cancelled_at,
+            dispatched=dispatched,
+        )
 
 
 class ToolRegistry:
@@ -186,6 +203,8 @@ class ToolRegistry:
         """
 
         def decorate(fn: F) -> F:
+            import inspect  # only for a docstring: `import toolreg` does not pay for it
+
             text = description if description is not None else inspect.getdoc(fn) or ""
             tool = Tool(
                 name or fn.__name__,
@@ -438,7 +457,12 @@ def _check_callable(fn: object, what: str) -> None:
 
 
 def _check_executor(executor: object) -> None:
-    if isinstance(executor, (WorkerPool, ThreadPoolExecutor)):
+    if isinstance(executor, WorkerPool):
+        return
+    # Imported only for a caller's own executor: `import toolreg` does not pay for it.
+    from concurrent.futures import ThreadPoolExecutor
+
+    if isinstance(executor, ThreadPoolExecutor):
         return
     if type(executor).__module__.partition(".")[0] == "distributed":
         # Read from the type, so that checking never imports distributed.

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import datetime
 import enum
 import itertools
-import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+
+from ._record import record
 
 __all__ = ["CallTimeline", "ErrorCode", "ToolCall", "ToolError", "ToolResult"]
 
 if TYPE_CHECKING:  # a bare `ToolResult` means ToolResult[Any] for type checkers (PEP 696)
+    import datetime
+
     from typing_extensions import TypeVar as _DefaultTypeVar
 
     T = _DefaultTypeVar("T", default=Any)
@@ -65,7 +66,7 @@ def new_call_id() -> str:
     return f"{_call_id_prefix}{next(_call_ids)}"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ToolCall:
     """A request to run the tool `name` with `arguments`.
 
@@ -81,7 +82,7 @@ class ToolCall:
     def __init__(
         self, name: str, arguments: Mapping[str, Any] | None = None, call_id: str | None = None
     ) -> None:
-        # One dict update instead of three frozen-dataclass setattr calls: this is a hot path.
+        # One dict update instead of three frozen setattr calls: this is a hot path.
         self.__dict__.update(
             name=name,
             arguments={} if arguments is None else arguments,
@@ -99,7 +100,7 @@ def frozen_call(name: str, arguments: Mapping[str, Any] | None, call_id: str) ->
     return call
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ToolError:
     """What went wrong: an `ErrorCode`, a message, and the exception if one was raised."""
 
@@ -107,8 +108,23 @@ class ToolError:
     message: str
     exception: BaseException | None = None
 
+    def __init__(
+        self, code: ErrorCode, message: str, exception: BaseException | None = None
+    ) -> None:
+        self.__dict__.update(code=code, message=message, exception=exception)
 
-_ENCODER = json.JSONEncoder(ensure_ascii=False)
+
+def _first_encode(value: object) -> str:
+    # json is imported by the first value that needs it, not by `import toolreg`; from then on
+    # `_encode` is the encoder's own method. Two threads racing here each build an equal encoder.
+    global _encode
+    import json
+
+    _encode = json.JSONEncoder(ensure_ascii=False).encode
+    return _encode(value)
+
+
+_encode: Callable[[object], str] = _first_encode
 
 _FAILURE_CONTENT = {
     ErrorCode.ABORTED: "Error: tool call aborted",
@@ -130,7 +146,7 @@ def render_content(value: object, render: Callable[[Any], str] | None = None) ->
         return int.__repr__(value)
     if isinstance(value, str):
         return str(value)
-    return _ENCODER.encode(value)
+    return _encode(value)
 
 
 def failure_content(code: ErrorCode, message: str) -> str:
@@ -159,10 +175,12 @@ class CallTimeline(NamedTuple):
     @property
     def entered_at(self) -> datetime.datetime:
         """`entered` as an aware UTC `datetime`."""
+        import datetime  # only this property needs it: `import toolreg` does not pay for it
+
         return datetime.datetime.fromtimestamp(self.entered, datetime.timezone.utc)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ToolResult(Generic[T]):
     """The final outcome of one call (a frozen dataclass).
 
@@ -186,6 +204,29 @@ class ToolResult(Generic[T]):
     dispatched: bool = False
     duration: float = 0.0
     timeline: CallTimeline | None = None
+
+    def __init__(
+        self,
+        call: ToolCall,
+        ok: bool,
+        content: str,
+        value: T | None = None,
+        error: ToolError | None = None,
+        contexts: tuple[Any, ...] = (),
+        dispatched: bool = False,
+        duration: float = 0.0,
+        timeline: CallTimeline | None = None,
+    ) -> None:
+        fields = self.__dict__  # item by item: no keyword dict to build
+        fields["call"] = call
+        fields["ok"] = ok
+        fields["content"] = content
+        fields["value"] = value
+        fields["error"] = error
+        fields["contexts"] = contexts
+        fields["dispatched"] = dispatched
+        fields["duration"] = duration
+        fields["timeline"] = timeline
 
     @classmethod
     def success(cls, call: ToolCall, value: T, contexts: tuple[Any, ...] = ()) -> ToolResult[T]:
@@ -233,7 +274,7 @@ def make_result(
     duration: float = 0.0,
     timeline: CallTimeline | None = None,
 ) -> ToolResult[Any]:
-    """A `ToolResult` without the frozen dataclass's per-field `__setattr__` (the hot path)."""
+    """A `ToolResult` without a call of `__init__` (the hot path)."""
     result: ToolResult[Any] = _new_object(ToolResult)
     fields = result.__dict__  # item by item: no keyword dict to build
     fields["call"] = call

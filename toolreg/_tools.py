@@ -6,13 +6,15 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
+    from dataclasses import KW_ONLY
+
     from typing_extensions import Self
 
 from . import _validate
+from ._record import record
 from ._text import safe_repr, type_name
 
 __all__ = ["FrozenDict", "Tool", "thaw"]
@@ -27,7 +29,7 @@ ConcurrencySafe = bool | Callable[[Mapping[str, Any]], bool]
 NAME_RULE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Tool:
     """A named tool: its body `fn(args, ctx)` and what a model or the scheduler needs to know.
 
@@ -62,6 +64,36 @@ class Tool:
     annotations: Mapping[str, Any] | None = None
     output_schema: Mapping[str, Any] | None = None
     validate_output: bool = False
+
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        description: str = "",
+        parameters: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        concurrency_safe: ConcurrencySafe = False,
+        render: Callable[[Any], str] | None = None,
+        title: str | None = None,
+        annotations: Mapping[str, Any] | None = None,
+        output_schema: Mapping[str, Any] | None = None,
+        validate_output: bool = False,
+    ) -> None:
+        self.__dict__.update(
+            name=name,
+            fn=fn,
+            description=description,
+            parameters=parameters,
+            timeout=timeout,
+            concurrency_safe=concurrency_safe,
+            render=render,
+            title=title,
+            annotations=annotations,
+            output_schema=output_schema,
+            validate_output=validate_output,
+        )
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not NAME_RULE.fullmatch(self.name):
