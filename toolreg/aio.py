@@ -4,8 +4,9 @@
 guards, wrappers, the body, post hooks, observers) runs on one worker of the registry's pool,
 with the body inline on that worker, so nothing runs on the event loop and nothing waits for a
 second worker (no deadlock however many calls are in flight, nested calls included). The worker
-hands the result back with one `loop.call_soon_threadsafe` onto a plain loop future: no
-`asyncio.shield`, no extra task, no second token per call.
+hands the result back through the loop's inbox onto a plain loop future: no `asyncio.shield`,
+no extra task, no second token per call. Calls that finish while the loop has not yet run the
+inbox's drain share its one `loop.call_soon_threadsafe` (one self-pipe write, one wake-up).
 
 Cancelling the awaiting task cancels the call's own token (never the caller's), waits until the
 call has settled (its body joined, its observers notified), then raises `asyncio.CancelledError`.
@@ -30,8 +31,11 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import os
 import sys
 import threading
+import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -111,7 +115,7 @@ class AsyncToolRegistry:
         caller = as_token(token)
         sink = _loop_progress(loop, progress)
         mode = CallMode.awaited(bool(start_if_cancelled))
-        job = _AwaitedCall(self._dispatcher, loop, call, caller, mode, sink)
+        job = _AwaitedCall(self._dispatcher, loop, _inbox_for(loop), call, caller, mode, sink)
         result: ToolResult[Any] = await self._await(job, cancel_reason)
         return result
 
@@ -132,7 +136,8 @@ class AsyncToolRegistry:
         caller = as_token(token)
         if on_progress is not None and not callable(on_progress):
             raise TypeError("on_progress must be callable")
-        job = _AwaitedBatch(self._dispatcher, loop, batch, caller, max_parallel, on_progress)
+        inbox = _inbox_for(loop)
+        job = _AwaitedBatch(self._dispatcher, loop, inbox, batch, caller, max_parallel, on_progress)
         results: list[ToolResult[Any]] = await self._await(job, None)
         return results
 
@@ -250,19 +255,34 @@ def _hand_over_or_refuse(dispatcher: Dispatcher, job: _Job) -> None:
 class _Job(Claim):
     """One awaited call or batch: claimed once, by the worker that runs it or by a canceller.
 
-    Its outcome goes back to the loop through `call_soon_threadsafe` onto `waiter`, a plain
-    loop future; after a cancellation a fresh future is awaited for settlement (on the loop
-    thread, so the swap needs no lock).
+    Its outcome goes back to the loop through the loop's `_Inbox` onto `waiter`, a plain loop
+    future; after a cancellation a fresh future is awaited for settlement (on the loop thread,
+    so the swap needs no lock).
     """
 
-    __slots__ = ("_cancel_reason", "_state", "dispatcher", "key", "loop", "outcome", "waiter")
+    __slots__ = (
+        "_cancel_reason",
+        "_state",
+        "delivered",
+        "dispatcher",
+        "inbox",
+        "key",
+        "loop",
+        "outcome",
+        "waiter",
+    )
 
-    def __init__(self, dispatcher: Dispatcher, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, loop: asyncio.AbstractEventLoop, inbox: _Inbox
+    ) -> None:
         super().__init__()
         self.dispatcher = dispatcher
         self.loop = loop
+        self.inbox = inbox
         self.waiter: asyncio.Future[tuple[bool, Any]] = loop.create_future()
         self.outcome: tuple[bool, Any] | None = None  # set on the loop thread
+        # Set once, by whoever finishes the job, before it is posted to the inbox.
+        self.delivered: tuple[bool, Any] | None = None
         self._cancel_reason: object = _NOT_CANCELLED  # set by the canceller
         self._state: CallState | None = None  # the running call's state (awaited calls)
         self.key = id(self)  # its place in the in-flight table (the key track() gives it)
@@ -294,7 +314,12 @@ class _Job(Claim):
             outcome = (False, exc)
         finally:
             self.dispatcher.untrack(self.key)  # in flight until here: observers included
-        _deliver(self.loop, None, outcome, self)
+        self._deliver(outcome)
+
+    def _deliver(self, outcome: tuple[bool, Any]) -> None:
+        """From any thread: hand the outcome to the loop, which settles it (`settle`)."""
+        self.delivered = outcome
+        self.inbox.post(self)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -315,7 +340,7 @@ class _Job(Claim):
         if self._claim.acquire(False):
             self.dispatcher.untrack(self.key)
             refused = ExecutorRefusedError(f"the executor refused the call: {exc}")
-            _deliver(self.loop, None, (False, refused), self)
+            self._deliver((False, refused))
 
     async def settled(self) -> None:
         """After a cancellation: wait until the outcome is in, without spinning."""
@@ -324,12 +349,80 @@ class _Job(Claim):
         self.waiter = self.loop.create_future()
         await _wait_settled(self.waiter)
 
-    def settle(self, outcome: tuple[bool, Any]) -> None:
-        """On the loop: record the outcome and wake whoever awaits it."""
+    def settle(self) -> None:
+        """On the loop (the inbox's drain): record the outcome and wake whoever awaits it."""
+        outcome = self.delivered
+        assert outcome is not None  # posted only once delivered
         self.outcome = outcome
         waiter = self.waiter
         if not waiter.done():
             waiter.set_result(outcome)
+
+
+class _Inbox:
+    """The outcomes bound for one event loop, settled by one loop callback per batch.
+
+    A job that finishes appends itself here and wakes the loop (`call_soon_threadsafe`: a
+    self-pipe write, during which the worker gives up the GIL) only if no drain is scheduled
+    yet, so the calls that finish before the loop gets to run the drain share one wake-up.
+
+    No lock: a deque's append and popleft are atomic, only the loop pops, and the drain clears
+    `_scheduled` *before* it pops, so a job appended after the drain's last pop finds it cleared
+    and schedules a drain of its own (at worst an extra, empty one). Without a lock, a fork in
+    the middle of a post leaves nothing locked in the child either.
+    """
+
+    __slots__ = ("_jobs", "_scheduled", "owner")
+
+    def __init__(self, owner: Callable[[], asyncio.AbstractEventLoop | None]) -> None:
+        self.owner = owner  # the loop, weakly: a thread's cached inbox does not keep it alive
+        self._jobs: deque[_Job] = deque()
+        self._scheduled = False  # a drain is scheduled on the loop and has not started yet
+
+    def post(self, job: _Job) -> None:
+        """From any thread: queue the delivered job; wake the loop if no drain is due."""
+        jobs = self._jobs
+        jobs.append(job)
+        if self._scheduled:
+            return
+        self._scheduled = True
+        try:
+            job.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # a closed loop: nobody is waiting any more
+            jobs.clear()  # what other threads posted meanwhile is as dead: let it go
+            self._scheduled = False
+
+    def _drain(self) -> None:
+        """On the loop: settle every job posted so far."""
+        self._scheduled = False  # before popping: a later post schedules the next drain
+        jobs = self._jobs
+        while jobs:
+            jobs.popleft().settle()
+
+
+_LOCAL = threading.local()  # per thread: `inbox`, the inbox of the loop last run on it
+
+
+def _inbox_for(loop: asyncio.AbstractEventLoop) -> _Inbox:
+    """The inbox of `loop`, the loop running on this thread (cached per thread)."""
+    inbox: _Inbox | None = getattr(_LOCAL, "inbox", None)
+    if inbox is not None and inbox.owner() is loop:
+        return inbox
+    try:
+        owner: Callable[[], asyncio.AbstractEventLoop | None] = weakref.ref(loop)
+    except TypeError:  # a loop without weak references: an inbox per call, none cached
+        return _Inbox(lambda: loop)
+    inbox = _LOCAL.inbox = _Inbox(owner)
+    return inbox
+
+
+def _forget_inbox_in_child() -> None:
+    # A fork may copy an inbox whose drain was being scheduled by a thread that is gone, so
+    # it would never drain again: the child's loops start with fresh ones.
+    _LOCAL.__dict__.pop("inbox", None)
+
+
+os.register_at_fork(after_in_child=_forget_inbox_in_child)
 
 
 _NOT_CANCELLED = object()
@@ -342,12 +435,13 @@ class _AwaitedCall(_Job):
         self,
         dispatcher: Dispatcher,
         loop: asyncio.AbstractEventLoop,
+        inbox: _Inbox,
         call: ToolCall,
         caller: CancelToken,
         mode: CallMode,
         progress: ProgressSink | None,
     ) -> None:
-        super().__init__(dispatcher, loop)
+        super().__init__(dispatcher, loop, inbox)
         self.call = call
         self.caller = caller
         self.mode = mode
@@ -389,12 +483,13 @@ class _AwaitedBatch(_Job):
         self,
         dispatcher: Dispatcher,
         loop: asyncio.AbstractEventLoop,
+        inbox: _Inbox,
         batch: list[ToolCall],
         caller: CancelToken,
         max_parallel: int,
         on_progress: Progress | None,
     ) -> None:
-        super().__init__(dispatcher, loop)
+        super().__init__(dispatcher, loop, inbox)
         self.batch = batch
         self.caller = caller
         self.max_parallel = max_parallel
@@ -437,17 +532,9 @@ class _AwaitedBatch(_Job):
         return results
 
 
-def _deliver(
-    loop: asyncio.AbstractEventLoop,
-    future: asyncio.Future[Any] | None,
-    outcome: Any,
-    job: _Job | None = None,
-) -> None:
+def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], outcome: Any) -> None:
     with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting any more
-        if job is not None:
-            loop.call_soon_threadsafe(job.settle, outcome)
-        elif future is not None:
-            loop.call_soon_threadsafe(_settle, future, outcome)
+        loop.call_soon_threadsafe(_settle, future, outcome)
 
 
 def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
