@@ -47,6 +47,7 @@ from ._claim import Claim
 from ._dispatch import Dispatcher
 from ._errors import ExecutorRefusedError, InsideCallError
 from ._helper import HELPER
+from ._jobs import after_fork_in_child
 from ._pool import WorkerPool
 from ._progress import ProgressSink, ToolProgress
 from ._registry import as_token, check_wait
@@ -85,6 +86,9 @@ class AsyncToolRegistry:
         self._registry = registry
         self._dispatcher = dispatcher
         self._schedulers: WorkerPool | None = None  # created on the first awaited batch
+        # Awaited calls bound for the registry's own pool (a caller's executor gets each call
+        # through its own submit(), from the helper thread).
+        self._outbox = _Outbox(dispatcher) if dispatcher.has_own_pool() else None
         self._lock = threading.Lock()  # guards _schedulers
 
     @property
@@ -192,22 +196,18 @@ class AsyncToolRegistry:
     def _submit(self, job: _Job) -> None:
         """Hand the job to a worker without blocking the loop (no thread starts here)."""
         dispatcher = self._dispatcher
-        if isinstance(job, _AwaitedBatch):
+        if isinstance(job, _AwaitedBatch) or dispatcher.on_body_thread(threading.get_ident()):
+            # A batch's scheduler waits for body workers, and a call from an async body is
+            # awaited by that body's worker: neither may occupy a body worker.
             pool = self._scheduler_pool()
-            run: Callable[[], object] = lambda: pool._hand_over(job, may_block=False)  # noqa: E731
-        elif dispatcher.on_body_thread(threading.get_ident()):
-            # From an async body, whose worker waits for it: a pool it cannot block.
-            pool = self._scheduler_pool()
-            run = lambda: pool._hand_over(job, may_block=False)  # noqa: E731
-        elif dispatcher.has_own_pool():
-            run = lambda: dispatcher.hand_over(job, may_block=False)  # noqa: E731
+            try:
+                pool._hand_over(job, may_block=False)
+            except RuntimeError as exc:  # shut down by aclose()
+                job.refuse(exc)
+        elif self._outbox is not None:
+            self._outbox.put(job)
         else:  # a caller's executor may start a thread in submit(): do it off the loop
             HELPER.call_soon(lambda: _hand_over_or_refuse(dispatcher, job))
-            return
-        try:
-            run()
-        except RuntimeError as exc:  # the executor was shut down by its owner
-            job.refuse(exc)
 
     def _scheduler_pool(self) -> WorkerPool:
         with self._lock:
@@ -308,13 +308,17 @@ class _Job(Claim):
             HELPER.call_soon(lambda: self._finish(self._never_started))
 
     def _finish(self, produce: Callable[[], Any]) -> None:
+        self._deliver(self._outcome(produce))
+
+    def _outcome(self, produce: Callable[[], Any]) -> tuple[bool, Any]:
+        """What `produce()` returned or raised; the job is counted out once it is done."""
         try:
             outcome: tuple[bool, Any] = (True, produce())
         except BaseException as exc:
             outcome = (False, exc)
         finally:
             self.dispatcher.untrack(self.key)  # in flight until here: observers included
-        self._deliver(outcome)
+        return outcome
 
     def _deliver(self, outcome: tuple[bool, Any]) -> None:
         """From any thread: hand the outcome to the loop, which settles it (`settle`)."""
@@ -398,6 +402,125 @@ class _Inbox:
         jobs = self._jobs
         while jobs:
             jobs.popleft().settle()
+
+
+class _Outbox:
+    """Awaited calls bound for the registry's own pool, served by runners on its workers.
+
+    Handing every call to a worker of its own wakes one worker per call. Here the loop queues
+    the call, and a runner (this object, handed to the pool) serves queued calls one after the
+    other until none is left; the loop hands a runner over only if no runner is *ready*, that
+    is about to look at the queue (handed over and not started yet, or between two calls). So
+    calls that arrive together, or while a runner posts the previous outcome, wake no other
+    worker, and sequential calls keep one warm worker.
+
+    A runner that takes a call while others still wait makes sure one runner is ready (it
+    hands one over if none is), so a body that blocks holds up none of the calls queued behind
+    it: each gets a worker of its own if it needs one, as with a hand-off per call (no deadlock
+    however many calls are in flight). A runner that starts while another is ready leaves the
+    queue to that one: quick calls are then served by one worker, not passed along a chain.
+    Invariant: while calls are queued, at least one runner is ready.
+    """
+
+    __slots__ = ("__weakref__", "_dispatcher", "_jobs", "_lock", "_ready")
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+        # Guards _jobs and _ready; held for a few list and counter operations, never while a
+        # call runs or a runner is handed over.
+        self._lock = threading.Lock()
+        self._jobs: deque[_Job] = deque()
+        self._ready = 0  # runners about to look at the queue (see the class docstring)
+        after_fork_in_child(self._after_fork)
+
+    def put(self, job: _Job) -> None:
+        """On the loop: queue the job; hand a runner to the pool unless one is ready."""
+        with self._lock:
+            self._jobs.append(job)
+            if self._ready:
+                return
+            self._ready = 1
+        try:
+            self._dispatcher.hand_over(self, may_block=False)
+        except RuntimeError as exc:  # the pool was shut down: nothing will run what is queued
+            for queued in self._lost_runner():
+                queued.refuse(exc)
+
+    def _looking(self) -> None:
+        """A runner's call is done and about to be delivered: it takes the next one after."""
+        with self._lock:
+            self._ready += 1
+
+    def _run(self) -> None:
+        """A runner, on a worker: serve queued calls until none is left."""
+        with self._lock:
+            if self._ready > 1:  # another runner is ready: leave the queue to it
+                self._ready -= 1
+                return
+        while True:
+            job, spawn = self._take()
+            if job is None:
+                return
+            if spawn:  # the calls behind this one must not wait for it: it may block
+                self._spawn()
+            try:
+                self._serve(job)
+            except BaseException:  # a job never raises; if one did, the queue is still served
+                logger.exception("toolreg: an awaited call raised on its runner")
+            del job  # not held while this runner waits for the GIL or the next call
+
+    def _serve(self, job: _Job) -> None:
+        """Run the job unless a canceller claimed it; deliver its outcome."""
+        outcome = None
+        try:
+            if job._claim.acquire(False):
+                outcome = job._outcome(job._work)
+        finally:
+            self._looking()  # exactly once per job: this runner takes the next one after this
+        if outcome is not None:
+            job._deliver(outcome)
+
+    def _take(self) -> tuple[_Job | None, bool]:
+        """The next call for this ready runner (None: leave), and whether to hand one over."""
+        with self._lock:
+            self._ready -= 1
+            jobs = self._jobs
+            if not jobs:
+                return None, False
+            job = jobs.popleft()
+            if jobs and not self._ready:
+                self._ready = 1
+                return job, True
+            return job, False
+
+    def _spawn(self) -> None:
+        try:
+            self._dispatcher.hand_over(self, may_block=False)
+        except RuntimeError:  # shut down: this runner serves the rest after its own call
+            with self._lock:
+                self._ready -= 1
+
+    def _lost_runner(self) -> list[_Job]:
+        """A ready runner will never run: count it out; if none is left, take the queue."""
+        with self._lock:
+            self._ready -= 1
+            if self._ready:
+                return []
+            queued = list(self._jobs)
+            self._jobs.clear()
+            return queued
+
+    def _drop(self) -> None:
+        """The pool discarded a runner (shutdown): the calls it would serve never start."""
+        for queued in self._lost_runner():
+            queued._drop()
+
+    def _after_fork(self) -> None:
+        # The parent's runners are not in the child (its pool starts afresh), nor are its calls;
+        # the lock may have been held by one of its threads.
+        self._lock = threading.Lock()
+        self._jobs = deque()
+        self._ready = 0
 
 
 _LOCAL = threading.local()  # per thread: `inbox`, the inbox of the loop last run on it
