@@ -45,7 +45,7 @@ from ._call import CallMode, CallState
 from ._cancel import CancelSource, CancelToken
 from ._claim import Claim
 from ._dispatch import Dispatcher
-from ._errors import ExecutorRefusedError, InsideCallError
+from ._errors import ExecutorRefusedError, InsideCallError, RegistryClosedError
 from ._helper import HELPER
 from ._jobs import after_fork_in_child
 from ._pool import WorkerPool
@@ -117,7 +117,7 @@ class AsyncToolRegistry:
         loop = asyncio.get_running_loop()  # before entry: without a loop nothing is counted in
         call = as_call(call_or_name, arguments)
         caller = as_token(token)
-        sink = _loop_progress(loop, progress)
+        sink = None if progress is None else _loop_progress(loop, progress)
         mode = CallMode.awaited(bool(start_if_cancelled))
         job = _AwaitedCall(self._dispatcher, loop, _inbox_for(loop), call, caller, mode, sink)
         result: ToolResult[Any] = await self._await(job, cancel_reason)
@@ -176,7 +176,7 @@ class AsyncToolRegistry:
         # Entry: close() waits for it. Admission may cancel the job at once (a close() that
         # began meanwhile), and the helper may then count it out before admit() returns: its
         # key is known from the start.
-        dispatcher.admit(job, dispatcher.inside())
+        _admit(dispatcher, job)
         try:
             self._submit(job)
         except BaseException:
@@ -243,6 +243,21 @@ def _reason(cancel_reason: object) -> object:
         return cancel_reason
     task = asyncio.current_task()
     return f"asyncio task {task.get_name() if task else '?'} was cancelled"
+
+
+def _admit(dispatcher: Dispatcher, job: _Job) -> None:
+    """Count the job in; `RegistryClosedError` if closed, or closing unless nested.
+
+    Whether this thread is inside one of the registry's calls (a nested call, admitted while
+    the registry closes) is looked up only when it matters: the lookup scans the calls in
+    flight, and an open registry admits every call.
+    """
+    try:
+        dispatcher.admit(job, False)
+    except RegistryClosedError:
+        if not dispatcher.inside():
+            raise
+        dispatcher.admit(job, True)  # nested: admitted (and cancelled) unless closed
 
 
 def _hand_over_or_refuse(dispatcher: Dispatcher, job: _Job) -> None:
