@@ -51,7 +51,7 @@ from ._jobs import after_fork_in_child
 from ._pool import WorkerPool
 from ._progress import ProgressSink, ToolProgress
 from ._registry import as_token, check_wait
-from ._results import ToolCall, ToolResult
+from ._results import ToolCall, ToolResult, frozen_call, new_call_id
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -59,6 +59,10 @@ if TYPE_CHECKING:
     from ._registry import ToolRegistry
 
 __all__ = ["AsyncToolRegistry"]
+
+_NEVER = CancelToken.never()
+_AWAITED = CallMode.awaited(True)
+_AWAITED_MODEL = CallMode.awaited(False)
 
 logger = logging.getLogger("toolreg")
 
@@ -115,11 +119,17 @@ class AsyncToolRegistry:
         cancelled").
         """
         loop = asyncio.get_running_loop()  # before entry: without a loop nothing is counted in
-        call = as_call(call_or_name, arguments)
-        caller = as_token(token)
+        if type(call_or_name) is str:  # the shorthand: the facade makes (and owns) the call
+            call = frozen_call(call_or_name, {} if arguments is None else arguments, new_call_id())
+            owned = True
+        else:
+            call = as_call(call_or_name, arguments)
+            owned = False
+        caller = _NEVER if token is None else as_token(token)
         sink = None if progress is None else _loop_progress(loop, progress)
-        mode = CallMode.awaited(bool(start_if_cancelled))
-        job = _AwaitedCall(self._dispatcher, loop, _inbox_for(loop), call, caller, mode, sink)
+        mode = _AWAITED if start_if_cancelled else _AWAITED_MODEL
+        inbox = _inbox_for(loop)
+        job = _AwaitedCall(self._dispatcher, loop, inbox, call, owned, caller, mode, sink)
         result: ToolResult[Any] = await self._await(job, cancel_reason)
         return result
 
@@ -567,7 +577,7 @@ _NOT_CANCELLED = object()
 
 
 class _AwaitedCall(_Job):
-    __slots__ = ("call", "caller", "context", "mode", "progress")
+    __slots__ = ("call", "caller", "context", "mode", "owned", "progress")
 
     def __init__(
         self,
@@ -575,12 +585,14 @@ class _AwaitedCall(_Job):
         loop: asyncio.AbstractEventLoop,
         inbox: _Inbox,
         call: ToolCall,
+        owned: bool,
         caller: CancelToken,
         mode: CallMode,
         progress: ProgressSink | None,
     ) -> None:
         super().__init__(dispatcher, loop, inbox)
         self.call = call
+        self.owned = owned  # the facade made `call` from a name: nothing else has seen it
         self.caller = caller
         self.mode = mode
         self.progress = progress
@@ -588,7 +600,14 @@ class _AwaitedCall(_Job):
 
     def _work(self) -> ToolResult[Any]:
         result, interrupted = self.context.run(
-            self.dispatcher.run, self.call, self.caller, self.mode, self.progress, None, self
+            self.dispatcher.run,
+            self.call,
+            self.caller,
+            self.mode,
+            self.progress,
+            None,
+            self,
+            self.owned,
         )
         if interrupted is not None:  # a hook raised SystemExit/KeyboardInterrupt: as in sync
             raise interrupted
