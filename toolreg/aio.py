@@ -130,7 +130,15 @@ class AsyncToolRegistry:
         mode = _AWAITED if start_if_cancelled else _AWAITED_MODEL
         inbox = _inbox_for(loop)
         job = _AwaitedCall(self._dispatcher, loop, inbox, call, owned, caller, mode, sink)
-        result: ToolResult[Any] = await self._await(job, cancel_reason)
+        self._enter(job)
+        try:  # awaited right here, not in a helper coroutine: one coroutine per call
+            ok, value = await job.waiter
+        except asyncio.CancelledError:
+            await job.settle_cancelled(cancel_reason)
+            raise  # the task's own cancellation, unconverted: cancelling()/uncancel() hold
+        if not ok:
+            raise value
+        result: ToolResult[Any] = value
         return result
 
     async def execute_batch(
@@ -152,7 +160,15 @@ class AsyncToolRegistry:
             raise TypeError("on_progress must be callable")
         inbox = _inbox_for(loop)
         job = _AwaitedBatch(self._dispatcher, loop, inbox, batch, caller, max_parallel, on_progress)
-        results: list[ToolResult[Any]] = await self._await(job, None)
+        self._enter(job)
+        try:
+            ok, value = await job.waiter
+        except asyncio.CancelledError:
+            await job.settle_cancelled(None)
+            raise  # the task's own cancellation, unconverted: cancelling()/uncancel() hold
+        if not ok:
+            raise value
+        results: list[ToolResult[Any]] = value
         return results
 
     async def wait_idle(self, timeout: float | None = None) -> bool:
@@ -176,8 +192,8 @@ class AsyncToolRegistry:
         finally:
             forget()
 
-    async def _await(self, job: _Job, cancel_reason: object) -> Any:
-        """Count the job in, hand it to a worker, await it; on cancellation cancel and drain.
+    def _enter(self, job: _Job) -> None:
+        """Count the job in and hand it to a worker; the caller awaits `job.waiter`.
 
         The job counts itself out when its work is done (on the worker, observers included),
         so a loop that is closed with the call in flight leaves nothing counted in.
@@ -192,16 +208,6 @@ class AsyncToolRegistry:
         except BaseException:
             dispatcher.untrack(job.key)
             raise
-        try:
-            ok, value = await job.waiter
-        except asyncio.CancelledError:
-            if job.outcome is None:
-                job.cancel(_reason(cancel_reason))
-                await job.settled()
-            raise  # the task's own cancellation, unconverted: cancelling()/uncancel() hold
-        if ok:
-            return value
-        raise value
 
     def _submit(self, job: _Job) -> None:
         """Hand the job to a worker without blocking the loop (no thread starts here)."""
@@ -370,6 +376,13 @@ class _Job(Claim):
             self.dispatcher.untrack(self.key)
             refused = ExecutorRefusedError(f"the executor refused the call: {exc}")
             self._deliver((False, refused))
+
+    async def settle_cancelled(self, cancel_reason: object) -> None:
+        """The awaiting task was cancelled: cancel the job unless its outcome is in already,
+        and wait until it has settled."""
+        if self.outcome is None:
+            self.cancel(_reason(cancel_reason))
+            await self.settled()
 
     async def settled(self) -> None:
         """After a cancellation: wait until the outcome is in, without spinning."""
