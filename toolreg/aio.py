@@ -5,8 +5,14 @@ guards, wrappers, the body, post hooks, observers) runs on one worker of the reg
 with the body inline on that worker, so nothing runs on the event loop and nothing waits for a
 second worker (no deadlock however many calls are in flight, nested calls included). The worker
 hands the result back through the loop's inbox onto a plain loop future: no `asyncio.shield`,
-no extra task, no second token per call. Calls that finish while the loop has not yet run the
-inbox's drain share its one `loop.call_soon_threadsafe` (one self-pipe write, one wake-up).
+no extra task, no second token per call.
+
+Both hops are batched. Calls queued together (or while a worker delivers the previous outcome)
+go through the facade's outbox to one runner on one worker, which serves them one after another
+while another worker stands by for any call queued behind one that may block (`_Outbox`); calls
+that finish before the loop runs the inbox's drain share its one `loop.call_soon_threadsafe`
+(one self-pipe write, one wake-up; `_Inbox`). With many awaiters in flight that is a fraction of
+a thread wake-up per call, instead of two.
 
 Cancelling the awaiting task cancels the call's own token (never the caller's), waits until the
 call has settled (its body joined, its observers notified), then raises `asyncio.CancelledError`.
