@@ -1702,7 +1702,7 @@ def test_a_child_forked_while_a_call_waits_for_a_runner_can_run_calls() -> None:
         asyncio.run_coroutine_threadsafe(areg.execute("held"), loop)
         gate.wait_reached()
         queued = asyncio.run_coroutine_threadsafe(areg.execute("t"), loop)
-        wait_until(lambda: outbox._ready == 1 and len(outbox._jobs) == 1, "a queued call")
+        wait_until(lambda: outbox._standby is not None and len(outbox._jobs) == 1, "a queued call")
         pid = os.fork()
         if pid == 0:  # the child: report through the exit status only
             code = 3
@@ -1720,3 +1720,39 @@ def test_a_child_forked_while_a_call_waits_for_a_runner_can_run_calls() -> None:
     loop_thread.join()
     loop.close()
     registry.close()
+
+
+@pytest.mark.parametrize("when", ["before-the-hand-over", "after-the-hand-over"])
+def test_an_interrupt_landing_while_a_runner_is_handed_over_leaves_the_facade_working(
+    when: str,
+) -> None:
+    """docs/contract.md 3.6 and A.6: an exception a signal handler raises can land wherever the
+    loop thread runs. Landing in the hand-over of a runner, it must not leave the outbox
+    counting on a runner that may never have reached the pool: every later call would hang."""
+    with open_registry(max_workers=2) as registry:
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        areg = AsyncToolRegistry(registry)
+        dispatcher = registry._dispatcher
+        hand_over = dispatcher.hand_over
+        landed: list[Any] = []
+
+        def interrupted_hand_over(item: Any, may_block: bool = True) -> None:
+            if landed:
+                hand_over(item, may_block)
+                return
+            landed.append(item)
+            if when == "after-the-hand-over":
+                hand_over(item, may_block)
+            raise KeyboardInterrupt
+
+        dispatcher.hand_over = interrupted_hand_over  # type: ignore[method-assign]
+
+        async def main() -> list[ToolResult[Any]]:
+            with pytest.raises(KeyboardInterrupt):
+                await areg.execute("t")
+            later = [areg.execute("t") for _ in range(3)]
+            return await asyncio.wait_for(asyncio.gather(*later), WAIT)
+
+        results = asyncio.run(main())
+        assert [result.value for result in results] == ["ok"] * 3
+        assert registry.wait_idle(WAIT)

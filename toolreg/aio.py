@@ -53,7 +53,6 @@ from ._claim import Claim
 from ._dispatch import Dispatcher
 from ._errors import ExecutorRefusedError, InsideCallError, RegistryClosedError
 from ._helper import HELPER
-from ._jobs import after_fork_in_child
 from ._pool import WorkerPool
 from ._progress import ProgressSink, ToolProgress
 from ._registry import as_token, check_wait
@@ -452,119 +451,158 @@ class _Outbox:
     """Awaited calls bound for the registry's own pool, served by runners on its workers.
 
     Handing every call to a worker of its own wakes one worker per call. Here the loop queues
-    the call, and a runner (this object, handed to the pool) serves queued calls one after the
+    the call, and a runner (a `_Runner` handed to the pool) serves queued calls one after the
     other until none is left; the loop hands a runner over only if no runner is *ready*, that
-    is about to look at the queue (handed over and not started yet, or between two calls). So
-    calls that arrive together, or while a runner posts the previous outcome, wake no other
-    worker, and sequential calls keep one warm worker.
+    is about to look at the queue: the standby (handed over, not started yet) or one that is
+    between two calls. So calls that arrive together, or while a runner delivers the previous
+    outcome, wake no other worker, and sequential calls keep one warm worker.
 
     A runner that takes a call while others still wait makes sure one runner is ready (it
-    hands one over if none is), so a body that blocks holds up none of the calls queued behind
-    it: each gets a worker of its own if it needs one, as with a hand-off per call (no deadlock
-    however many calls are in flight). A runner that starts while another is ready leaves the
-    queue to that one: quick calls are then served by one worker, not passed along a chain.
-    Invariant: while calls are queued, at least one runner is ready.
+    hands a standby over if none is), so a body that blocks holds up none of the calls queued
+    behind it: each gets a worker of its own if it needs one, as with a hand-off per call (no
+    deadlock however many calls are in flight). A standby that starts while another runner is
+    ready leaves the queue to that one: quick calls are served by one worker, not passed along
+    a chain. Invariant: while calls are queued, a runner is ready.
     """
 
-    __slots__ = ("__weakref__", "_dispatcher", "_jobs", "_lock", "_ready")
+    __slots__ = ("__weakref__", "_dispatcher", "_jobs", "_lock", "_looking", "_standby")
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         self._dispatcher = dispatcher
-        # Guards _jobs and _ready; held for a few list and counter operations, never while a
-        # call runs or a runner is handed over.
+        # Guards _jobs, _standby and _looking; held for a few list and counter operations,
+        # never while a call runs or a runner is handed over.
         self._lock = threading.Lock()
         self._jobs: deque[_Job] = deque()
-        self._ready = 0  # runners about to look at the queue (see the class docstring)
-        after_fork_in_child(self._after_fork)
+        self._standby: _Runner | None = None  # handed over, not started: at most one counts
+        self._looking = 0  # runners between two calls: each takes the next one next
+        _OUTBOXES.add(self)
 
     def put(self, job: _Job) -> None:
         """On the loop: queue the job; hand a runner to the pool unless one is ready."""
-        with self._lock:
-            self._jobs.append(job)
-            if self._ready:
-                return
-            self._ready = 1
+        runner = None
         try:
-            self._dispatcher.hand_over(self, may_block=False)
+            with self._lock:
+                self._jobs.append(job)
+                if self._standby is not None or self._looking:
+                    return
+                runner = self._standby = _Runner(self)
+            self._hand_over(runner)
+        except BaseException:  # a signal handler's exception, wherever it landed in here
+            self._after_interrupt(runner)
+            raise
+
+    def _hand_over(self, runner: _Runner) -> None:
+        try:
+            self._dispatcher.hand_over(runner, may_block=False)
         except RuntimeError as exc:  # the pool was shut down: nothing will run what is queued
-            for queued in self._lost_runner():
+            for queued in self._lost(runner):
                 queued.refuse(exc)
 
-    def _looking(self) -> None:
-        """A runner's call is done and about to be delivered: it takes the next one after."""
+    def _after_interrupt(self, runner: _Runner | None) -> None:
+        """An interrupt cut `put()` short, maybe before `runner` was handed over: it stops
+        being the standby (if it runs after all, it is one runner more), and a new standby
+        is handed over if the queue has no ready runner then."""
         with self._lock:
-            self._ready += 1
+            if runner is not None and self._standby is runner:
+                self._standby = None
+            if not self._jobs or self._standby is not None or self._looking:
+                return
+            replacement = self._standby = _Runner(self)
+        self._hand_over(replacement)
 
-    def _run(self) -> None:
-        """A runner, on a worker: serve queued calls until none is left."""
+    def _serve(self, runner: _Runner) -> None:
+        """On a worker: serve queued calls until none is left (unless another runner is ready)."""
         with self._lock:
-            if self._ready > 1:  # another runner is ready: leave the queue to it
-                self._ready -= 1
+            if self._standby is runner:
+                self._standby = None
+            if self._standby is not None or self._looking:  # another runner is ready
                 return
-        while True:
             job, spawn = self._take()
-            if job is None:
-                return
-            if spawn:  # the calls behind this one must not wait for it: it may block
-                self._spawn()
+        while job is not None:
+            if spawn is not None:  # the calls behind this one must not wait for it: it may block
+                self._hand_over(spawn)
             try:
-                self._serve(job)
+                self._run_one(job)
             except BaseException:  # a job never raises; if one did, the queue is still served
                 logger.exception("toolreg: an awaited call raised on its runner")
-            del job  # not held while this runner waits for the GIL or the next call
+            del job  # not held while this runner waits for the GIL or the lock
+            with self._lock:
+                self._looking -= 1
+                job, spawn = self._take()
 
-    def _serve(self, job: _Job) -> None:
+    def _run_one(self, job: _Job) -> None:
         """Run the job unless a canceller claimed it; deliver its outcome."""
         outcome = None
         try:
             if job._claim.acquire(False):
                 outcome = job._outcome(job._work)
         finally:
-            self._looking()  # exactly once per job: this runner takes the next one after this
+            with self._lock:  # ready again, before the outcome wakes the loop to queue more
+                self._looking += 1
         if outcome is not None:
             job._deliver(outcome)
 
-    def _take(self) -> tuple[_Job | None, bool]:
-        """The next call for this ready runner (None: leave), and whether to hand one over."""
-        with self._lock:
-            self._ready -= 1
-            jobs = self._jobs
-            if not jobs:
-                return None, False
-            job = jobs.popleft()
-            if jobs and not self._ready:
-                self._ready = 1
-                return job, True
-            return job, False
+    def _take(self) -> tuple[_Job | None, _Runner | None]:
+        """With the lock held: the next call (None: none is left) and, if others wait and no
+        runner is ready, the standby to hand over before running it."""
+        jobs = self._jobs
+        if not jobs:
+            return None, None
+        job = jobs.popleft()
+        if jobs and self._standby is None and not self._looking:
+            spawn = self._standby = _Runner(self)
+            return job, spawn
+        return job, None
 
-    def _spawn(self) -> None:
-        try:
-            self._dispatcher.hand_over(self, may_block=False)
-        except RuntimeError:  # shut down: this runner serves the rest after its own call
-            with self._lock:
-                self._ready -= 1
-
-    def _lost_runner(self) -> list[_Job]:
-        """A ready runner will never run: count it out; if none is left, take the queue."""
+    def _lost(self, runner: _Runner) -> list[_Job]:
+        """`runner` will never run: if no other runner is ready, take the queue."""
         with self._lock:
-            self._ready -= 1
-            if self._ready:
+            if self._standby is runner:
+                self._standby = None
+            if self._standby is not None or self._looking:
                 return []
             queued = list(self._jobs)
             self._jobs.clear()
             return queued
 
-    def _drop(self) -> None:
-        """The pool discarded a runner (shutdown): the calls it would serve never start."""
-        for queued in self._lost_runner():
+    def _dropped(self, runner: _Runner) -> None:
+        """The pool discarded `runner` (shutdown): the calls it would serve never start."""
+        for queued in self._lost(runner):
             queued._drop()
 
-    def _after_fork(self) -> None:
+    def _after_fork_in_child(self) -> None:
         # The parent's runners are not in the child (its pool starts afresh), nor are its calls;
         # the lock may have been held by one of its threads.
         self._lock = threading.Lock()
         self._jobs = deque()
-        self._ready = 0
+        self._standby = None
+        self._looking = 0
+
+
+class _Runner:
+    """One hand-off of an outbox to the pool: a pool work item."""
+
+    __slots__ = ("outbox",)
+
+    def __init__(self, outbox: _Outbox) -> None:
+        self.outbox = outbox
+
+    def _run(self) -> None:
+        self.outbox._serve(self)
+
+    def _drop(self) -> None:
+        self.outbox._dropped(self)
+
+
+_OUTBOXES: weakref.WeakSet[_Outbox] = weakref.WeakSet()
+
+
+def _reset_outboxes_in_child() -> None:
+    for outbox in list(_OUTBOXES):
+        outbox._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_reset_outboxes_in_child)
 
 
 _LOCAL = threading.local()  # per thread: `inbox`, the inbox of the loop last run on it
