@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import dataclasses
 import gc
+import os
 import re
 import subprocess
 import sys
@@ -1538,3 +1539,233 @@ def test_an_awaited_call_cancelled_by_a_close_that_began_during_its_admission_is
     assert result.code == BEFORE
     assert sorted(observed.entries) == [("stubborn", ABORTED), ("t", BEFORE)]
     assert registry.closed and dispatcher.active() == 0
+
+
+# -- the outbox and the inbox: calls handed over and outcomes handed back in batches ------------
+
+
+def test_calls_that_must_all_run_at_once_each_get_a_worker() -> None:
+    """docs/contract.md 8.1: the facade "never deadlocks when more calls are in flight than the
+    executor has workers"; calls queued together are served by one runner, which must still
+    give every call that blocks a worker of its own: eight bodies wait for each other here."""
+    together = threading.Barrier(8)
+    with open_registry(max_workers=8) as registry:
+        registry.tool(name="meet")(lambda args, ctx: together.wait(WAIT))
+
+        async def main() -> list[ToolResult[Any]]:
+            areg = AsyncToolRegistry(registry)
+            calls = [areg.execute("meet") for _ in range(8)]
+            return await asyncio.wait_for(asyncio.gather(*calls), WAIT)
+
+        results = asyncio.run(main())
+    assert [result.ok for result in results] == [True] * 8
+    assert sorted(result.value for result in results) == list(range(8))
+
+
+@pytest.mark.parametrize("order", ["queued-together", "queued-while-it-runs"])
+def test_a_call_queued_behind_a_blocking_body_does_not_wait_for_it(order: str) -> None:
+    """docs/contract.md 8.1, A.5: the first body waits for the second call's body, which must
+    start on another worker whether it was queued with the first call or while the first ran."""
+    second_ran, first_started = threading.Event(), threading.Event()
+    with open_registry(max_workers=2) as registry:
+
+        @registry.tool
+        def first(args: Any, ctx: Any) -> str:
+            first_started.set()
+            assert second_ran.wait(WAIT), "the second call waited for the first"
+            return "first"
+
+        @registry.tool
+        def second(args: Any, ctx: Any) -> str:
+            second_ran.set()
+            return "second"
+
+        async def main() -> list[ToolResult[Any]]:
+            areg = AsyncToolRegistry(registry)
+            if order == "queued-together":
+                calls = [areg.execute("first"), areg.execute("second")]
+                return await asyncio.wait_for(asyncio.gather(*calls), WAIT)
+            running = asyncio.create_task(areg.execute("first"))
+            await wait_event(first_started)
+            later = await asyncio.wait_for(areg.execute("second"), WAIT)
+            return [await asyncio.wait_for(running, WAIT), later]
+
+        results = asyncio.run(main())
+    assert [result.value for result in results] == ["first", "second"]
+
+
+def test_a_worker_pool_passed_in_and_shut_down_refuses_every_call_queued_for_it() -> None:
+    """docs/contract.md 8.8: "an executor that refuses the call (shut down by its owner)
+    ExecutorRefusedError", for every call queued together, and close() does not hang."""
+    pool = WorkerPool(2)
+    pool.shutdown(wait=True)
+    registry = ToolRegistry(executor=pool)
+    registry.tool(name="t")(lambda args, ctx: "ok")
+
+    async def main() -> list[Any]:
+        areg = AsyncToolRegistry(registry)
+        calls = [areg.execute("t") for _ in range(3)]
+        return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), WAIT)
+
+    outcomes = asyncio.run(main())
+    assert [type(outcome) for outcome in outcomes] == [ExecutorRefusedError] * 3
+    closer = Caller(registry.close, name="test-closer")
+    closer.join()  # nothing was left counted in
+
+
+def test_a_call_whose_runner_the_pool_drops_never_starts_and_is_observed() -> None:
+    """docs/contract.md 8.3: a call still queued "never starts: ABORTED_BEFORE_DISPATCH,
+    observers notified off the loop", when the pool it waits for is shut down with
+    `cancel_futures=True` (it drops the runner that would have served the call)."""
+    gate = Gate()
+    observed = Journal()
+    pool = WorkerPool(1)
+    registry = ToolRegistry(executor=pool)
+    registry.on_result(lambda result: observed((result.call.name, result.code)))
+    registry.tool(name="blocker")(lambda args, ctx: gate.hold())
+    ran: list[str] = []
+    registry.tool(name="queued")(lambda args, ctx: ran.append("queued"))
+
+    async def main() -> ToolResult[Any]:
+        areg = AsyncToolRegistry(registry)
+        outbox = areg._outbox
+        assert outbox is not None
+        queued = asyncio.create_task(areg.execute("queued"))
+        await until(lambda: len(outbox._jobs) == 1, "the call queued in the outbox")
+        await asyncio.to_thread(pool.shutdown, wait=False, cancel_futures=True)
+        return await asyncio.wait_for(queued, WAIT)
+
+    blocker = Caller(lambda: registry.execute("blocker"))
+    try:
+        gate.wait_reached()
+        result = asyncio.run(main())
+    finally:
+        gate.release()
+    assert blocker.join().ok
+    assert result.code == BEFORE
+    assert ran == []
+    registry.close()
+    assert sorted(observed.entries) == [("blocker", None), ("queued", BEFORE)]
+
+
+def test_calls_from_loops_in_several_threads_each_come_back_to_their_own_loop() -> None:
+    """docs/contract.md 8.1: each loop's outcomes are handed back to that loop, when loops in
+    several threads share one facade and their calls finish interleaved."""
+    loops = 4
+    together = threading.Barrier(loops)
+    with open_registry(max_workers=4) as registry:
+        registry.tool(name="echo")(lambda args, ctx: args["n"])
+        areg = AsyncToolRegistry(registry)
+
+        async def calls(first: int) -> list[Any]:
+            await asyncio.to_thread(together.wait, WAIT)  # every loop is running
+            numbers = range(first, first + 50)
+            results = await asyncio.gather(*(areg.execute("echo", {"n": n}) for n in numbers))
+            return [result.value for result in results]
+
+        def in_a_thread(first: int) -> Caller:
+            return Caller(lambda: asyncio.run(calls(first)), name=f"test-loop-{first}")
+
+        callers = [in_a_thread(100 * index) for index in range(loops)]
+        values = [caller.join() for caller in callers]
+    assert values == [list(range(100 * index, 100 * index + 50)) for index in range(loops)]
+
+
+def test_a_loop_closed_with_outcomes_in_its_inbox_leaves_the_next_loop_working() -> None:
+    """docs/contract.md 8.1, A.5: outcomes that reach a loop after it stopped (the drain they
+    share scheduled on it, or refused because it is closed) are let go when it closes; nothing
+    stays counted in, and the next loop on the same thread gets its outcomes."""
+    gate = Gate()
+    with open_registry(max_workers=2) as registry:
+        registry.tool(name="held")(lambda args, ctx: gate.hold())
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        areg = AsyncToolRegistry(registry)
+        loop = asyncio.new_event_loop()
+        try:
+            tasks = [loop.create_task(areg.execute("held")) for _ in range(2)]
+            loop.run_until_complete(until(gate.reached.is_set, "a body started"))
+            gate.release()  # both finish while the loop is stopped
+            assert registry.wait_idle(WAIT)
+        finally:
+            loop.close()
+        for task in tasks:
+            task._log_destroy_pending = False  # type: ignore[attr-defined]  # dropped on purpose
+        del tasks
+        gc.collect()
+        result = asyncio.run(asyncio.wait_for(areg.execute("t"), WAIT))
+        assert result.value == "ok"
+        assert registry.wait_idle(WAIT)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_a_call_waits_for_a_runner_can_run_calls() -> None:
+    """docs/contract.md 8.1 and the fork rules of A.5: a fork while a call waits in the outbox
+    for a runner (every worker busy) leaves the child's facade able to hand its own calls over:
+    the parent's runner does not exist in the child."""
+    gate = Gate()
+    registry = ToolRegistry(max_workers=1)
+    registry.tool(name="held")(lambda args, ctx: gate.hold())
+    registry.tool(name="t")(lambda args, ctx: "ok")
+    areg = AsyncToolRegistry(registry)
+    outbox = areg._outbox
+    assert outbox is not None
+    loop = asyncio.new_event_loop()
+    loop_thread = Caller(loop.run_forever, name="test-parent-loop")
+    try:
+        asyncio.run_coroutine_threadsafe(areg.execute("held"), loop)
+        gate.wait_reached()
+        queued = asyncio.run_coroutine_threadsafe(areg.execute("t"), loop)
+        wait_until(lambda: outbox._standby is not None and len(outbox._jobs) == 1, "a queued call")
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit status only
+            code = 3
+            try:
+                result = asyncio.run(asyncio.wait_for(areg.execute("t"), WAIT))
+                code = 0 if result.value == "ok" else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child's call never came back"
+    finally:
+        gate.release()
+    assert queued.result(WAIT).value == "ok"
+    loop.call_soon_threadsafe(loop.stop)
+    loop_thread.join()
+    loop.close()
+    registry.close()
+
+
+@pytest.mark.parametrize("when", ["before-the-hand-over", "after-the-hand-over"])
+def test_an_interrupt_landing_while_a_runner_is_handed_over_leaves_the_facade_working(
+    when: str,
+) -> None:
+    """docs/contract.md 3.6 and A.6: an exception a signal handler raises can land wherever the
+    loop thread runs. Landing in the hand-over of a runner, it must not leave the outbox
+    counting on a runner that may never have reached the pool: every later call would hang."""
+    with open_registry(max_workers=2) as registry:
+        registry.tool(name="t")(lambda args, ctx: "ok")
+        areg = AsyncToolRegistry(registry)
+        dispatcher = registry._dispatcher
+        hand_over = dispatcher.hand_over
+        landed: list[Any] = []
+
+        def interrupted_hand_over(item: Any, may_block: bool = True) -> None:
+            if landed:
+                hand_over(item, may_block)
+                return
+            landed.append(item)
+            if when == "after-the-hand-over":
+                hand_over(item, may_block)
+            raise KeyboardInterrupt
+
+        dispatcher.hand_over = interrupted_hand_over  # type: ignore[method-assign]
+
+        async def main() -> list[ToolResult[Any]]:
+            with pytest.raises(KeyboardInterrupt):
+                await areg.execute("t")
+            later = [areg.execute("t") for _ in range(3)]
+            return await asyncio.wait_for(asyncio.gather(*later), WAIT)
+
+        results = asyncio.run(main())
+        assert [result.value for result in results] == ["ok"] * 3
+        assert registry.wait_idle(WAIT)
