@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from ._call import CallMode
+from ._call import CallMode, CallState
 from ._cancel import CancelSource, CancelToken
 from ._catalog import CatalogEntry
 from ._claim import Claim
@@ -47,9 +47,13 @@ logger = logging.getLogger("toolreg")
 
 Progress = Callable[[int, int], object]
 
+_BATCH_ITEM = CallMode.batch_item()
+
 
 class BatchHost(Protocol):
     """What a batch needs from the dispatcher."""
+
+    overdue_after: float | None
 
     def run(
         self,
@@ -58,6 +62,7 @@ class BatchHost(Protocol):
         mode: CallMode,
         progress: Any = None,
         admitted: CatalogEntry | None = None,
+        watcher: Any = None,
     ) -> tuple[ToolResult[Any], BaseException | None]: ...
 
     def unstarted(self, call: ToolCall) -> tuple[ToolResult[Any], BaseException | None]: ...
@@ -140,12 +145,15 @@ class _Segment:
 class _Runner(Claim):
     """One worker's share of a segment: it takes the segment's calls in order and runs them."""
 
-    __slots__ = ("batch", "segment")
+    __slots__ = ("batch", "segment", "state")
 
     def __init__(self, batch: BatchRun, segment: _Segment) -> None:
         super().__init__()
         self.batch = batch
         self.segment = segment
+        # The call this runner runs now (or ran last), for the batch's cancellation listener.
+        # Written by the runner before the call's body can start; read from any thread.
+        self.state: CallState | None = None
 
     def _run(self) -> None:
         if not self._claim.acquire(False):
@@ -160,7 +168,27 @@ class _Runner(Claim):
     def _run_calls(self) -> None:
         batch = self.batch
         while (index := self.segment.take(batch.cancelled)) is not None:
-            batch.run_call(index)
+            batch.run_call(index, self)
+        self.state = None  # the last call's state is not kept alive by the batch
+
+    def watch(self, state: CallState) -> None:
+        """The dispatcher's watcher hook: `state` is the call this runner is about to run."""
+        state.caller_watched = True  # its overdue watch starts in `watch_overdue`, not per call
+        self.state = state
+
+    def watch_overdue(self) -> None:
+        """The batch was cancelled: start the overdue watch of the body running now, if any.
+
+        A body starts only after `watch` stored its state and after its last token check; a
+        cancellation marks the tokens before its listeners run. So a body this read misses
+        (no state yet, or the previous call's) sees the cancellation at that check and never
+        starts, and a settled body's watch is a no-op: every body that runs under the
+        cancellation is watched, as a listener per call would have done.
+        """
+        state = self.state
+        body = None if state is None else state.body
+        if body is not None:
+            body._watch_overdue()
 
     def _drop(self) -> None:
         self.take_back()
@@ -223,6 +251,14 @@ class BatchRun:
     def wake(self) -> None:
         self.wakeups.put(None)
 
+    def _on_cancel(self) -> None:
+        """The batch token's one listener: wake the scheduler, watch the running bodies."""
+        self.wakeups.put(None)
+        if self.host.overdue_after is None:
+            return
+        for runner in self.runners:  # the current segment's (a list replaced whole)
+            runner.watch_overdue()
+
     def run(self) -> list[ToolResult[Any]]:
         """Classify, run segment after segment until done or cancelled, join, return.
 
@@ -231,7 +267,7 @@ class BatchRun:
         """
         key = self.host.admit(self, self.host.inside(self.thread))
         try:
-            wake = self.token.on_cancel(self.wake)
+            wake = self.token.on_cancel(self._on_cancel)
             try:
                 try:
                     self._classify()
@@ -309,17 +345,19 @@ class BatchRun:
             runner.take_back()
             self.source.cancel("the executor refused the batch")
 
-    def run_call(self, index: int) -> None:
+    def run_call(self, index: int, runner: _Runner) -> None:
         """On a runner: one call's whole pipeline, inline."""
         call = self.calls[index]
         admitted = self.admitted[index]
         try:
             if admitted is None:
-                result, interrupted = self.host.run(call, self.token, CallMode.batch_item())
+                result, interrupted = self.host.run(
+                    call, self.token, _BATCH_ITEM, watcher=runner
+                )
             else:
                 frozen, entry = admitted
                 result, interrupted = self.host.run(
-                    frozen, self.token, CallMode.batch_item(), admitted=entry
+                    frozen, self.token, _BATCH_ITEM, admitted=entry, watcher=runner
                 )
             self.results[index] = result
             if interrupted is not None:
