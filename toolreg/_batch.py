@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import logging
 import queue
 import threading
@@ -118,22 +119,27 @@ def execute_batch(
 class _Segment:
     """Consecutive calls that may overlap, run by up to `max_parallel` runners."""
 
-    __slots__ = ("end", "lock", "next", "runners")
+    __slots__ = ("end", "indices", "lock", "runners", "token")
 
-    def __init__(self, start: int, end: int, runners: int) -> None:
-        self.lock = threading.Lock()  # guards next and runners
-        self.next = start  # the next call to start
+    def __init__(self, start: int, end: int, runners: int, token: CancelToken) -> None:
+        # Hands out each call once, in input order: `next()` on a count is atomic (one C call).
+        self.indices = itertools.count(start)
         self.end = end
+        self.token = token  # the batch's: once cancelled, no further call is taken
+        self.lock = threading.Lock()  # guards runners
         self.runners = runners  # runners that have not finished (or been taken back)
 
-    def take(self, cancelled: Callable[[], bool]) -> int | None:
-        """The next call to run, in input order, or None when done or cancelled."""
-        with self.lock:
-            if self.next >= self.end or cancelled():
-                return None
-            index = self.next
-            self.next += 1
-            return index
+    def take(self) -> int | None:
+        """The next call to run, in input order, or None when done or cancelled.
+
+        The token is read before an index is drawn, so every call drawn is run (a cancellation
+        after the read is the pipeline's to handle: the call then starts no body); an index
+        drawn past the end is dropped.
+        """
+        if self.token.cancelled:
+            return None
+        index = next(self.indices)
+        return index if index < self.end else None
 
     def runner_done(self) -> bool:
         """One runner less; True for the last one."""
@@ -167,7 +173,7 @@ class _Runner(Claim):
 
     def _run_calls(self) -> None:
         batch = self.batch
-        while (index := self.segment.take(batch.cancelled)) is not None:
+        while (index := self.segment.take()) is not None:
             batch.run_call(index, self)
         self.state = None  # the last call's state is not kept alive by the batch
 
@@ -244,9 +250,6 @@ class BatchRun:
     def cancel(self, reason: object) -> None:
         """Cancel the batch (its in-flight table entry): no further call starts."""
         self.source.cancel(reason)
-
-    def cancelled(self) -> bool:
-        return self.token.cancelled
 
     def wake(self) -> None:
         self.wakeups.put(None)
@@ -329,7 +332,7 @@ class BatchRun:
 
     def _run_segment(self, start: int, end: int) -> None:
         count = 1 if self.inline else min(self.max_parallel, end - start)
-        segment = _Segment(start, end, count)
+        segment = _Segment(start, end, count, self.token)
         self.runners = [_Runner(self, segment) for _ in range(count)]
         if self.inline:
             self.runners[0]._run()
