@@ -355,12 +355,12 @@ class BatchRun:
         try:
             if admitted is None:
                 result, interrupted = self.host.run(
-                    call, self.token, _BATCH_ITEM, watcher=runner
+                    call, self.token, _BATCH_ITEM, None, None, runner
                 )
             else:
                 frozen, entry = admitted
                 result, interrupted = self.host.run(
-                    frozen, self.token, _BATCH_ITEM, admitted=entry, watcher=runner
+                    frozen, self.token, _BATCH_ITEM, None, entry, runner
                 )
             self.results[index] = result
             if interrupted is not None:
