@@ -129,18 +129,6 @@ class _Segment:
         self.lock = threading.Lock()  # guards runners
         self.runners = runners  # runners that have not finished (or been taken back)
 
-    def take(self) -> int | None:
-        """The next call to run, in input order, or None when done or cancelled.
-
-        The token is read before an index is drawn, so every call drawn is run (a cancellation
-        after the read is the pipeline's to handle: the call then starts no body); an index
-        drawn past the end is dropped.
-        """
-        if self.token.cancelled:
-            return None
-        index = next(self.indices)
-        return index if index < self.end else None
-
     def runner_done(self) -> bool:
         """One runner less; True for the last one."""
         with self.lock:
@@ -173,7 +161,13 @@ class _Runner(Claim):
 
     def _run_calls(self) -> None:
         batch = self.batch
-        while (index := self.segment.take()) is not None:
+        segment = self.segment
+        take = segment.indices.__next__
+        token, end = segment.token, segment.end
+        # The token is read before an index is drawn, so every call drawn is run (a
+        # cancellation after the read is the pipeline's to handle: the call then starts no
+        # body); an index drawn past the end is dropped.
+        while not token.cancelled and (index := take()) < end:
             batch.run_call(index, self)
         self.state = None  # the last call's state is not kept alive by the batch
 

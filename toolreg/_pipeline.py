@@ -1,6 +1,8 @@
 """The stages of one call, top to bottom, and the cancellation contract they keep.
 
-`execute` runs the entry checks and then `run_stages`, which reads like the contract:
+`execute` runs the entry checks and then `run_stages` (or, for an inline call with no gate,
+wrapper or post hook, `_run_plain`: the same stages without the hooks), which reads like the
+contract:
 
     gate (pre-execute hooks, approval, guards)
       -> around wrappers | the body
@@ -121,6 +123,8 @@ def execute(
         failed = _failure(state.call, _BEFORE, "tool call aborted before dispatch")
     if failed is not None:
         return _finish(state, failed)
+    if _is_plain(state):
+        return _run_plain(host, state)
     return run_stages(host, state)
 
 
@@ -188,10 +192,6 @@ def never_started(state: CallState) -> ToolResult[Any]:
 def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     """gate -> around | body -> cancellation replaces success -> post -> finalize -> notify."""
     hooks = state.hooks
-    if state.inline and not (
-        hooks.pre_execute or hooks.guards or hooks.around or hooks.post_execute or state.debug
-    ):
-        return _run_plain(host, state)
     try:
         result = _gate(state) if (hooks.pre_execute or hooks.guards) else None
         if result is None:
@@ -207,6 +207,14 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     return _finish(state, result)
 
 
+def _is_plain(state: CallState) -> bool:
+    """Whether `_run_plain` runs the call: inline, no gate, wrapper or post hook, no DEBUG."""
+    hooks = state.hooks
+    return state.inline and not (
+        hooks.pre_execute or hooks.guards or hooks.around or hooks.post_execute or state.debug
+    )
+
+
 def _run_plain(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     """`run_stages` for a call whose body runs inline and that has no pre-execute hook, guard,
     wrapper or post hook (a batch call, typically): the body, the late-success check, finalize.
@@ -219,7 +227,10 @@ def _run_plain(host: PipelineHost, state: CallState) -> ToolResult[Any]:
         ctx = ToolContext(state, state.token, host)
         state.body = ctx
         state.stage = _BODY
-        run_body(state, ctx, None, state.interrupt)
+        if state.caller_watched:
+            ctx._run()  # run_body's inline case, whose only extra is the caller's overdue watch
+        else:
+            run_body(state, ctx, None, state.interrupt)
         contexts = ctx._finish()
         state.mark_body(ctx)
         result = _body_result(state, ctx, contexts)
@@ -512,8 +523,10 @@ def _success(
             problem = str(getattr(exc, "message", None) or describe(exc))
             message = f"the value does not match the output schema: {problem}"
             return _failure(call, _TOOL_ERROR, message, contexts)
+    render = state.tool.render
     try:
-        content = render_content(value, state.tool.render)
+        # A str without a render function is its own content (render_content's first case).
+        content = value if render is None and type(value) is str else render_content(value, render)
     except INTERRUPTS as exc:
         state.interrupt(exc)
         return _aborted(state, contexts)
