@@ -20,7 +20,10 @@ Turn cancellation: once the batch token is cancelled no further call starts. Run
 calls, a runner still queued is claimed back by the scheduler (the same `Claim` as bodies), and
 every unstarted call gets `ABORTED_BEFORE_DISPATCH` without entering any hook, seen by the
 observers like any other result. Started calls are cancelled through their tokens and joined:
-`execute_batch` returns only after every started call settled.
+`execute_batch` returns only after every started call settled. The batch token's one listener
+also starts the overdue watch of the bodies its runners are running (each runner records the
+state of its current call before that call's body can start), so a batch call registers no
+listener of its own.
 """
 
 from __future__ import annotations
