@@ -774,19 +774,24 @@ def test_an_uncooperative_started_call_is_waited_for() -> None:
     trace.seen_once(results)
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "wrapped"])
 @pytest.mark.parametrize("inside", [False, True], ids=["on runners", "inside a body"])
 def test_every_uncooperative_call_of_a_cancelled_batch_gets_one_overdue_warning(
-    caplog: pytest.LogCaptureFixture, inside: bool
+    caplog: pytest.LogCaptureFixture, inside: bool, wrapped: bool
 ) -> None:
     # 4.4 for batch calls: the batch token's cancellation starts the overdue watch of every body
     # running under it (one listener for the batch, not one per call), and nothing of it stays
     # on the caller's token. Three parallel calls on runners; inside a body, one runs inline.
+    # Wrapped: a call with an around wrapper keeps a listener of its own as well, and is still
+    # warned about once.
     caplog.set_level(logging.WARNING, logger="toolreg")
     count = 1 if inside else 3
     turn = CancelSource()
     release = threading.Event()
     started = [threading.Event() for _ in range(count)]
     with open_registry(max_workers=4, overdue_after=0.01) as registry:
+        if wrapped:
+            registry.add_around(lambda dispatch, proceed: proceed())
 
         @registry.tool(concurrency_safe=True)
         def stubborn(args: Any, ctx: Any) -> Any:

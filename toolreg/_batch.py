@@ -176,7 +176,11 @@ class _Runner(Claim):
 
     def watch(self, state: CallState) -> None:
         """The dispatcher's watcher hook: `state` is the call this runner is about to run."""
-        state.caller_watched = True  # its overdue watch starts in `watch_overdue`, not per call
+        # Without around wrappers a call runs one body at a time, always `state.body`, so
+        # `watch_overdue` covers it and the body needs no listener of its own. A wrapper may
+        # run several at once (proceed() on other threads): those keep their own listeners.
+        if not state.hooks.around:
+            state.caller_watched = True
         self.state = state
 
     def watch_overdue(self) -> None:
@@ -186,7 +190,8 @@ class _Runner(Claim):
         cancellation marks the tokens before its listeners run. So a body this read misses
         (no state yet, or the previous call's) sees the cancellation at that check and never
         starts, and a settled body's watch is a no-op: every body that runs under the
-        cancellation is watched, as a listener per call would have done.
+        cancellation is watched, as a listener per call would have done. (A body that has its
+        own listener too is watched once: the watch is kept only by whoever sets it first.)
         """
         state = self.state
         body = None if state is None else state.body
