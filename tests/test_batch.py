@@ -42,6 +42,7 @@ from _registry_helpers import (
     Journal,
     default_sigint,
     frame_of,
+    holds_nothing,
     open_registry,
     wait_until,
 )
@@ -771,6 +772,66 @@ def test_an_uncooperative_started_call_is_waited_for() -> None:
     assert results[0].dispatched and not results[1].dispatched
     assert trace.hooked == ["c0"] and trace.started == set()
     trace.seen_once(results)
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["plain", "wrapped"])
+@pytest.mark.parametrize("inside", [False, True], ids=["on runners", "inside a body"])
+def test_every_uncooperative_call_of_a_cancelled_batch_gets_one_overdue_warning(
+    caplog: pytest.LogCaptureFixture, inside: bool, wrapped: bool
+) -> None:
+    # 4.4 for batch calls: the batch token's cancellation starts the overdue watch of every body
+    # running under it (one listener for the batch, not one per call), and nothing of it stays
+    # on the caller's token. Three parallel calls on runners; inside a body, one runs inline.
+    # Wrapped: a call with an around wrapper keeps a listener of its own as well, and is still
+    # warned about once.
+    caplog.set_level(logging.WARNING, logger="toolreg")
+    count = 1 if inside else 3
+    turn = CancelSource()
+    release = threading.Event()
+    started = [threading.Event() for _ in range(count)]
+    with open_registry(max_workers=4, overdue_after=0.01) as registry:
+        if wrapped:
+            registry.add_around(lambda dispatch, proceed: proceed())
+
+        @registry.tool(concurrency_safe=True)
+        def stubborn(args: Any, ctx: Any) -> Any:
+            started[args["i"]].set()
+            release.wait(WAIT)  # ignores ctx.token until the test saw the warnings
+            return "late"
+
+        box: list[list[ToolResult[Any]]] = []
+
+        def outer(args: Any, ctx: Any) -> Any:
+            token = ctx.token if inside else turn.token
+            box.append(registry.execute_batch(batch_of(["stubborn"] * count), token=token))
+
+        registry.tool(name="outer")(outer)
+
+        def warned() -> set[str]:
+            return {
+                call_id
+                for record in caplog.records
+                if record.levelno == logging.WARNING
+                for call_id in ids(count)
+                if f"call {call_id})" in record.getMessage()
+            }
+
+        if inside:  # the outer call is cancelled too, and it waits for its batch
+            batch = Caller(lambda: registry.execute("outer", token=turn.token))
+        else:
+            batch = Caller(lambda: outer({}, None))
+        for event in started:
+            assert event.wait(WAIT)
+        turn.cancel("user pressed stop")
+        wait_until(lambda: warned() == set(ids(count)), "an overdue warning for every call")
+        assert batch.still_blocked()
+        release.set()
+        batch.join()
+    (results,) = box
+    assert [r.code for r in results] == [ABORTED] * count
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len([w for w in warnings if "'stubborn'" in w]) == count, warnings
+    assert holds_nothing(turn.token)
 
 
 def test_calls_queued_in_a_saturated_pool_never_start_once_the_batch_is_cancelled() -> None:

@@ -20,20 +20,24 @@ Turn cancellation: once the batch token is cancelled no further call starts. Run
 calls, a runner still queued is claimed back by the scheduler (the same `Claim` as bodies), and
 every unstarted call gets `ABORTED_BEFORE_DISPATCH` without entering any hook, seen by the
 observers like any other result. Started calls are cancelled through their tokens and joined:
-`execute_batch` returns only after every started call settled.
+`execute_batch` returns only after every started call settled. The batch token's one listener
+also starts the overdue watch of the bodies its runners are running (each runner records the
+state of its current call before that call's body can start), so a batch call registers no
+listener of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from ._call import CallMode
+from ._call import CallMode, CallState
 from ._cancel import CancelSource, CancelToken
 from ._catalog import CatalogEntry
 from ._claim import Claim
@@ -47,9 +51,13 @@ logger = logging.getLogger("toolreg")
 
 Progress = Callable[[int, int], object]
 
+_BATCH_ITEM = CallMode.batch_item()
+
 
 class BatchHost(Protocol):
     """What a batch needs from the dispatcher."""
+
+    overdue_after: float | None
 
     def run(
         self,
@@ -58,6 +66,7 @@ class BatchHost(Protocol):
         mode: CallMode,
         progress: Any = None,
         admitted: CatalogEntry | None = None,
+        watcher: Any = None,
     ) -> tuple[ToolResult[Any], BaseException | None]: ...
 
     def unstarted(self, call: ToolCall) -> tuple[ToolResult[Any], BaseException | None]: ...
@@ -113,22 +122,15 @@ def execute_batch(
 class _Segment:
     """Consecutive calls that may overlap, run by up to `max_parallel` runners."""
 
-    __slots__ = ("end", "lock", "next", "runners")
+    __slots__ = ("end", "indices", "lock", "runners", "token")
 
-    def __init__(self, start: int, end: int, runners: int) -> None:
-        self.lock = threading.Lock()  # guards next and runners
-        self.next = start  # the next call to start
+    def __init__(self, start: int, end: int, runners: int, token: CancelToken) -> None:
+        # Hands out each call once, in input order: `next()` on a count is atomic (one C call).
+        self.indices = itertools.count(start)
         self.end = end
+        self.token = token  # the batch's: once cancelled, no further call is taken
+        self.lock = threading.Lock()  # guards runners
         self.runners = runners  # runners that have not finished (or been taken back)
-
-    def take(self, cancelled: Callable[[], bool]) -> int | None:
-        """The next call to run, in input order, or None when done or cancelled."""
-        with self.lock:
-            if self.next >= self.end or cancelled():
-                return None
-            index = self.next
-            self.next += 1
-            return index
 
     def runner_done(self) -> bool:
         """One runner less; True for the last one."""
@@ -140,12 +142,15 @@ class _Segment:
 class _Runner(Claim):
     """One worker's share of a segment: it takes the segment's calls in order and runs them."""
 
-    __slots__ = ("batch", "segment")
+    __slots__ = ("batch", "segment", "state")
 
     def __init__(self, batch: BatchRun, segment: _Segment) -> None:
         super().__init__()
         self.batch = batch
         self.segment = segment
+        # The call this runner runs now (or ran last), for the batch's cancellation listener.
+        # Written by the runner before the call's body can start; read from any thread.
+        self.state: CallState | None = None
 
     def _run(self) -> None:
         if not self._claim.acquire(False):
@@ -159,8 +164,39 @@ class _Runner(Claim):
 
     def _run_calls(self) -> None:
         batch = self.batch
-        while (index := self.segment.take(batch.cancelled)) is not None:
-            batch.run_call(index)
+        segment = self.segment
+        take = segment.indices.__next__
+        token, end = segment.token, segment.end
+        # The token is read before an index is drawn, so every call drawn is run (a
+        # cancellation after the read is the pipeline's to handle: the call then starts no
+        # body); an index drawn past the end is dropped.
+        while not token.cancelled and (index := take()) < end:
+            batch.run_call(index, self)
+        self.state = None  # the last call's state is not kept alive by the batch
+
+    def watch(self, state: CallState) -> None:
+        """The dispatcher's watcher hook: `state` is the call this runner is about to run."""
+        # Without around wrappers a call runs one body at a time, always `state.body`, so
+        # `watch_overdue` covers it and the body needs no listener of its own. A wrapper may
+        # run several at once (proceed() on other threads): those keep their own listeners.
+        if not state.hooks.around:
+            state.caller_watched = True
+        self.state = state
+
+    def watch_overdue(self) -> None:
+        """The batch was cancelled: start the overdue watch of the body running now, if any.
+
+        A body starts only after `watch` stored its state and after its last token check; a
+        cancellation marks the tokens before its listeners run. So a body this read misses
+        (no state yet, or the previous call's) sees the cancellation at that check and never
+        starts, and a settled body's watch is a no-op: every body that runs under the
+        cancellation is watched, as a listener per call would have done. (A body that has its
+        own listener too is watched once: the watch is kept only by whoever sets it first.)
+        """
+        state = self.state
+        body = None if state is None else state.body
+        if body is not None:
+            body._watch_overdue()
 
     def _drop(self) -> None:
         self.take_back()
@@ -217,11 +253,16 @@ class BatchRun:
         """Cancel the batch (its in-flight table entry): no further call starts."""
         self.source.cancel(reason)
 
-    def cancelled(self) -> bool:
-        return self.token.cancelled
-
     def wake(self) -> None:
         self.wakeups.put(None)
+
+    def _on_cancel(self) -> None:
+        """The batch token's one listener: wake the scheduler, watch the running bodies."""
+        self.wakeups.put(None)
+        if self.host.overdue_after is None:
+            return
+        for runner in self.runners:  # the current segment's (a list replaced whole)
+            runner.watch_overdue()
 
     def run(self) -> list[ToolResult[Any]]:
         """Classify, run segment after segment until done or cancelled, join, return.
@@ -231,7 +272,7 @@ class BatchRun:
         """
         key = self.host.admit(self, self.host.inside(self.thread))
         try:
-            wake = self.token.on_cancel(self.wake)
+            wake = self.token.on_cancel(self._on_cancel)
             try:
                 try:
                     self._classify()
@@ -293,7 +334,7 @@ class BatchRun:
 
     def _run_segment(self, start: int, end: int) -> None:
         count = 1 if self.inline else min(self.max_parallel, end - start)
-        segment = _Segment(start, end, count)
+        segment = _Segment(start, end, count, self.token)
         self.runners = [_Runner(self, segment) for _ in range(count)]
         if self.inline:
             self.runners[0]._run()
@@ -309,17 +350,19 @@ class BatchRun:
             runner.take_back()
             self.source.cancel("the executor refused the batch")
 
-    def run_call(self, index: int) -> None:
+    def run_call(self, index: int, runner: _Runner) -> None:
         """On a runner: one call's whole pipeline, inline."""
         call = self.calls[index]
         admitted = self.admitted[index]
         try:
             if admitted is None:
-                result, interrupted = self.host.run(call, self.token, CallMode.batch_item())
+                result, interrupted = self.host.run(
+                    call, self.token, _BATCH_ITEM, None, None, runner
+                )
             else:
                 frozen, entry = admitted
                 result, interrupted = self.host.run(
-                    frozen, self.token, CallMode.batch_item(), admitted=entry
+                    frozen, self.token, _BATCH_ITEM, None, entry, runner
                 )
             self.results[index] = result
             if interrupted is not None:

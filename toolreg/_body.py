@@ -326,10 +326,16 @@ def run_body(
     """
     if submit is None:
         # Inline (a nested, batch or awaited call's body, on the stage thread): nothing to join,
-        # but a cancellation by the caller still starts the overdue watch.
+        # but a cancellation by the caller still starts the overdue watch (a batch starts it for
+        # its calls itself: one listener per batch rather than one per call).
         watch: Registration | None = None
         caller = state.caller
-        if state.live and caller is not _NEVER and ctx._host.overdue_after is not None:
+        if (
+            state.live
+            and caller is not _NEVER
+            and not state.caller_watched
+            and ctx._host.overdue_after is not None
+        ):
             watch = caller.on_cancel(ctx._watch_overdue)
         try:
             ctx._run()

@@ -153,6 +153,10 @@ class CallState:
     #: The registry made `call` itself (from a tool name): the entry checks may freeze it in
     #: place instead of copying it.
     owns_call = False
+    #: Whoever made the caller's token starts the overdue watch of this call's body when that
+    #: token is cancelled (a batch does, for the calls its runners are running), so an inline
+    #: body registers no listener of its own on it. Set by the stage thread before any body.
+    caller_watched = False
 
     def __init__(
         self,

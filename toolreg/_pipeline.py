@@ -1,6 +1,8 @@
 """The stages of one call, top to bottom, and the cancellation contract they keep.
 
-`execute` runs the entry checks and then `run_stages`, which reads like the contract:
+`execute` runs the entry checks and then `run_stages` (or, for an inline call with no gate,
+wrapper or post hook, `_run_plain`: the same stages without the hooks), which reads like the
+contract:
 
     gate (pre-execute hooks, approval, guards)
       -> around wrappers | the body
@@ -121,6 +123,8 @@ def execute(
         failed = _failure(state.call, _BEFORE, "tool call aborted before dispatch")
     if failed is not None:
         return _finish(state, failed)
+    if _is_plain(state):
+        return _run_plain(host, state)
     return run_stages(host, state)
 
 
@@ -203,12 +207,53 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     return _finish(state, result)
 
 
-def _finish(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
-    """Finalize (the frozen result: call, dispatched, duration, timeline), trace, notify."""
+def _is_plain(state: CallState) -> bool:
+    """Whether `_run_plain` runs the call: inline, no gate, wrapper or post hook, no DEBUG."""
+    hooks = state.hooks
+    return state.inline and not (
+        hooks.pre_execute or hooks.guards or hooks.around or hooks.post_execute or state.debug
+    )
+
+
+def _run_plain(host: PipelineHost, state: CallState) -> ToolResult[Any]:
+    """`run_stages` for a call whose body runs inline and that has no pre-execute hook, guard,
+    wrapper or post hook (a batch call, typically): the body, the late-success check, finalize.
+
+    With nothing between the body and the final result, the one read of the call's token
+    after the body serves both the late-success check (4.5) and the timeline's `cancelled`.
+    """
+    try:
+        state.stage = _DISPATCH
+        ctx = ToolContext(state, state.token, host)
+        state.body = ctx
+        state.stage = _BODY
+        if state.caller_watched:
+            ctx._run()  # run_body's inline case, whose only extra is the caller's overdue watch
+        else:
+            run_body(state, ctx, None, state.interrupt)
+        contexts = ctx._finish()
+        state.mark_body(ctx)
+        result = _body_result(state, ctx, contexts)
+        live = not state.token.cancelled
+        if not live and result.ok and state.live:
+            result = _aborted(state, contexts)
+    except BaseException as exc:  # landed between guarded spots: cancel, finish, re-raise later
+        state.interrupt(exc)
+        result = _aborted(state)
+        live = False
+    return _finish(state, result, live)
+
+
+def _finish(state: CallState, result: ToolResult[Any], live: bool = False) -> ToolResult[Any]:
+    """Finalize (the frozen result: call, dispatched, duration, timeline), trace, notify.
+
+    `live`: the caller has just read the call's token and found it live, so only the token
+    the body observed can have been cancelled (as far as the timeline is concerned).
+    """
     finished = time.monotonic()
     entered = state.entered
     duration = finished - entered
-    cancelled = state.first_cancelled_at()
+    cancelled = state.body_cancelled_at if live else state.first_cancelled_at()
     dispatched, settled = state.dispatched_at, state.settled_at
     timeline = _new_timeline(
         (
@@ -244,7 +289,9 @@ def _finish(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
     return final
 
 
-_new_timeline = CallTimeline._make  # a plain tuple.__new__: no keyword handling per call
+# A plain tuple.__new__ (C-level: no keyword handling, no Python frame per call); `_finish`
+# always passes all five fields.
+_new_timeline = functools.partial(tuple.__new__, CallTimeline)
 
 
 # -- gate: pre-execute hooks, approval, guards ---------------------------------------------------
@@ -476,8 +523,10 @@ def _success(
             problem = str(getattr(exc, "message", None) or describe(exc))
             message = f"the value does not match the output schema: {problem}"
             return _failure(call, _TOOL_ERROR, message, contexts)
+    render = state.tool.render
     try:
-        content = render_content(value, state.tool.render)
+        # A str without a render function is its own content (render_content's first case).
+        content = value if render is None and type(value) is str else render_content(value, render)
     except INTERRUPTS as exc:
         state.interrupt(exc)
         return _aborted(state, contexts)

@@ -95,8 +95,11 @@ class ToolCall:
 
 def frozen_call(name: str, arguments: Mapping[str, Any] | None, call_id: str) -> ToolCall:
     """A ToolCall holding exactly `arguments` (None when they could not be materialized)."""
-    call = ToolCall.__new__(ToolCall)
-    call.__dict__.update(name=name, arguments=arguments, call_id=call_id)
+    call = _new_object(ToolCall)
+    fields = call.__dict__  # item by item: no keyword dict to build
+    fields["name"] = name
+    fields["arguments"] = arguments
+    fields["call_id"] = call_id
     return call
 
 
