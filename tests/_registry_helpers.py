@@ -177,6 +177,16 @@ def traced_ours() -> int:
     return sum(trace.size for trace in snapshot.traces)
 
 
+# toolreg's process-wide helper threads: each started when first needed, kept for the process.
+PROCESS_WIDE_THREADS = ("toolreg-timer", "toolreg-callbacks", "toolreg-helper")
+
+
+def threads_of_our_own() -> list[str]:
+    """The names of the live threads, less toolreg's process-wide helpers (which a test may be
+    the first to start: that is no leak)."""
+    return sorted(t.name for t in threading.enumerate() if t.name not in PROCESS_WIDE_THREADS)
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """The cyclic GC off for the block, back on after it if it was on.

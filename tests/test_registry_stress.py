@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from _registry_helpers import ABORTED, BEFORE, Caller, holds_nothing, open_fds, wait_until
+from _registry_helpers import (
+    ABORTED,
+    BEFORE,
+    Caller,
+    holds_nothing,
+    open_fds,
+    threads_of_our_own,
+    wait_until,
+)
 
 from toolreg import (
     Allow,
@@ -35,7 +43,6 @@ from toolreg import (
     ToolContext,
     ToolRegistry,
     ToolResult,
-    deadline,
 )
 
 pytestmark = pytest.mark.stress
@@ -227,8 +234,7 @@ def test_cancellation_invariants_hold_when_threads_switch_every_microsecond(
 
 def run_stress(calls_per_thread: int) -> None:
     seed = int(os.environ.get("STRESS_SEED", random.randrange(1_000_000)))
-    deadline(None, 3600.0).close()  # the shared timer thread exists before the baseline
-    threads_before = threading.active_count()
+    threads_before = threads_of_our_own()
     fds_before = open_fds()
     ledger = Ledger()
     jobs: queue.Queue[Any] = queue.Queue()
@@ -274,7 +280,7 @@ def run_stress(calls_per_thread: int) -> None:
     assert ledger.starts == ledger.ends
     # Long-lived tokens hold nothing; threads and descriptors are back to the baseline.
     assert all(holds_nothing(session.token) for session in sessions), f"seed={seed}"
-    assert threading.active_count() == threads_before, [t.name for t in threading.enumerate()]
+    assert threads_of_our_own() == threads_before
     assert open_fds() == fds_before
     codes = Counter(str(r[0].code) for r in ledger.observed.values())
     assert codes["None"] and codes[str(ABORTED)] and codes[str(BEFORE)], codes
@@ -282,8 +288,7 @@ def run_stress(calls_per_thread: int) -> None:
 
 def test_close_under_load_cancels_in_flight_calls_and_waits_for_every_body() -> None:
     seed = int(os.environ.get("STRESS_SEED", random.randrange(1_000_000)))
-    deadline(None, 3600.0).close()
-    threads_before = threading.active_count()
+    threads_before = threads_of_our_own()
     fds_before = open_fds()
     ledger = Ledger()
     jobs: queue.Queue[Any] = queue.Queue()
@@ -317,5 +322,5 @@ def test_close_under_load_cancels_in_flight_calls_and_waits_for_every_body() -> 
     assert all(len(results) == 1 for results in ledger.observed.values()), f"seed={seed}"
     assert registry.in_flight() == []
     assert all(holds_nothing(session.token) for session in sessions), f"seed={seed}"
-    assert threading.active_count() == threads_before, [t.name for t in threading.enumerate()]
+    assert threads_of_our_own() == threads_before
     assert open_fds() == fds_before
