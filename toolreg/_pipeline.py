@@ -1,8 +1,7 @@
 """The stages of one call, top to bottom, and the cancellation contract they keep.
 
-`execute` runs the entry checks and then `run_stages` (or, for an inline call with no gate,
-wrapper or post hook, `_run_plain`: the same stages without the hooks), which reads like the
-contract:
+`execute` runs the entry checks and then `run_stages` (or, for a call with no gate, wrapper
+or post hook, `_run_plain`: the same stages without the hooks), which reads like the contract:
 
     gate (pre-execute hooks, approval, guards)
       -> around wrappers | the body
@@ -208,16 +207,17 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
 
 
 def _is_plain(state: CallState) -> bool:
-    """Whether `_run_plain` runs the call: inline, no gate, wrapper or post hook, no DEBUG."""
+    """Whether `_run_plain` runs the call: no gate, wrapper or post hook, no DEBUG."""
     hooks = state.hooks
-    return state.inline and not (
+    return not (
         hooks.pre_execute or hooks.guards or hooks.around or hooks.post_execute or state.debug
     )
 
 
 def _run_plain(host: PipelineHost, state: CallState) -> ToolResult[Any]:
-    """`run_stages` for a call whose body runs inline and that has no pre-execute hook, guard,
-    wrapper or post hook (a batch call, typically): the body, the late-success check, finalize.
+    """`run_stages` for a call that has no pre-execute hook, guard, wrapper or post hook (a
+    batch call, or a direct call on a registry with observers only): the body, the
+    late-success check, finalize.
 
     With nothing between the body and the final result, the one read of the call's token
     after the body serves both the late-success check (4.5) and the timeline's `cancelled`.
@@ -227,13 +227,20 @@ def _run_plain(host: PipelineHost, state: CallState) -> ToolResult[Any]:
         ctx = ToolContext(state, state.token, host)
         state.body = ctx
         state.stage = _BODY
+        refused = None
         if state.caller_watched:
             ctx._run()  # run_body's inline case, whose only extra is the caller's overdue watch
         else:
-            run_body(state, ctx, None, state.interrupt)
+            # Inline: already on a thread dedicated to this call; a runner joins its remote
+            # body here. Otherwise the body goes to a worker and is joined.
+            inline = state.inline or state.entry.runner is not None
+            refused = run_body(state, ctx, None if inline else host.submit, state.interrupt)
         contexts = ctx._finish()
         state.mark_body(ctx)
-        result = _body_result(state, ctx, contexts)
+        if refused is not None:
+            result = _failure(state.call, _TOOL_ERROR, refused, contexts)
+        else:
+            result = _body_result(state, ctx, contexts)
         live = not state.token.cancelled
         if not live and result.ok and state.live:
             result = _aborted(state, contexts)
