@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from _registry_helpers import Observed, open_registry
+from _registry_helpers import Observed, gc_paused, open_registry
 
 from toolreg import ToolRegistry, deadline
 
@@ -99,14 +99,9 @@ def no_leaked_threads_or_fds() -> Iterator[None]:
 @pytest.fixture
 def gc_disabled() -> Iterator[None]:
     """Run the test with the cyclic garbage collector off (memory must not depend on it)."""
-    was_enabled = gc.isenabled()
     gc.collect()
-    gc.disable()
-    try:
+    with gc_paused():
         yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 @pytest.fixture
