@@ -30,7 +30,7 @@ from ._errors import ContextSettledError
 from ._interrupts import main_ident as _main_ident
 from ._interrupts import slice_for, wait_until
 from ._progress import check_progress
-from ._results import ToolCall, ToolResult
+from ._results import ToolCall, ToolResult, frozen_call, new_call_id
 from ._traces import notify_traces, run_inside
 
 if TYPE_CHECKING:
@@ -417,6 +417,15 @@ def _due(due: float) -> float:
 
 def _caller_cancelled(state: CallState) -> None:
     state.cancel(state.caller.reason)
+
+
+def owned_call(call_or_name: object, arguments: Mapping[str, Any] | None) -> tuple[ToolCall, bool]:
+    """`as_call`, and whether the call was made here from a name (so nothing else has seen it,
+    and the entry checks may freeze its arguments in place)."""
+    if type(call_or_name) is str:
+        arguments = {} if arguments is None else arguments
+        return frozen_call(call_or_name, arguments, new_call_id()), True
+    return as_call(call_or_name, arguments), False
 
 
 def as_call(call_or_name: object, arguments: Mapping[str, Any] | None) -> ToolCall:

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 from . import _validate
 from ._batch import Progress, execute_batch
-from ._body import as_call
+from ._body import owned_call
 from ._call import CallMode, Stage
 from ._cancel import CancelToken, Registration
 from ._catalog import Catalog, SchemaStyle, ToolTable
@@ -30,7 +30,7 @@ from ._hooks import (
 from ._pool import WorkerPool
 from ._progress import ProgressCallback, ProgressSink
 from ._record import record
-from ._results import ToolCall, ToolResult, frozen_call, new_call_id
+from ._results import ToolCall, ToolResult
 from ._tools import ConcurrencySafe, Tool
 
 __all__ = ["InFlightCall", "ToolRegistry"]
@@ -322,12 +322,7 @@ class ToolRegistry:
         a call that is not a `ToolCall` or a name, and re-raises a Ctrl-C (or any exception a
         signal handler raised meanwhile) once the call has settled and been observed.
         """
-        if type(call_or_name) is str:  # the shorthand: the registry makes (and owns) the call
-            call = frozen_call(call_or_name, {} if arguments is None else arguments, new_call_id())
-            owned = True
-        else:
-            call = as_call(call_or_name, arguments)
-            owned = False
+        call, owned = owned_call(call_or_name, arguments)  # a name: made and owned here
         caller = _NEVER if token is None else as_token(token)
         mode = _DIRECT if start_if_cancelled else _DIRECT_MODEL
         sink = None if progress is None else progress_sink(progress)

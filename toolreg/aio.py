@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._batch import Progress, check_batch, execute_batch
-from ._body import as_call
+from ._body import owned_call
 from ._call import CallMode, CallState
 from ._cancel import CancelSource, CancelToken
 from ._claim import Claim
@@ -56,7 +56,7 @@ from ._helper import HELPER
 from ._pool import WorkerPool
 from ._progress import ProgressSink, ToolProgress
 from ._registry import as_token, check_wait
-from ._results import ToolCall, ToolResult, frozen_call, new_call_id
+from ._results import ToolCall, ToolResult
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -124,12 +124,7 @@ class AsyncToolRegistry:
         cancelled").
         """
         loop = asyncio.get_running_loop()  # before entry: without a loop nothing is counted in
-        if type(call_or_name) is str:  # the shorthand: the facade makes (and owns) the call
-            call = frozen_call(call_or_name, {} if arguments is None else arguments, new_call_id())
-            owned = True
-        else:
-            call = as_call(call_or_name, arguments)
-            owned = False
+        call, owned = owned_call(call_or_name, arguments)  # a name: made and owned here
         caller = _NEVER if token is None else as_token(token)
         sink = None if progress is None else _loop_progress(loop, progress)
         mode = _AWAITED if start_if_cancelled else _AWAITED_MODEL
