@@ -569,7 +569,7 @@ def _stubborn_tool(registry: ToolRegistry, journal: Journal, started: threading.
         started.set()
         assert ctx.token.wait(WAIT)
         journal(("body saw cancel", time.monotonic(), ctx.token.reason))
-        time.sleep(0.2)
+        time.sleep(0.2)  # simulated cleanup after the cancellation; orders nothing
         journal(("body returned", time.monotonic()))
         return "late"
 

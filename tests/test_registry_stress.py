@@ -144,7 +144,7 @@ def canceller(jobs: queue.Queue[Any], ledger: Ledger) -> None:
         fire_at, call_id, source, target = job
         delay = fire_at - time.monotonic()
         if delay > 0:
-            time.sleep(delay)
+            time.sleep(delay)  # the random cancellation moment itself; orders nothing
         if target == "scope":
             with ledger.lock:
                 scope = ledger.scopes.get(call_id)
