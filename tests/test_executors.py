@@ -226,6 +226,63 @@ def test_worker_pool_shutdown_with_cancel_futures_cancels_the_queued_work() -> N
     pool.shutdown(wait=True)
 
 
+class TimingOutWake:
+    """A worker's wake lock whose blocking waits pause on events; the first one then times out.
+
+    It lets a test put a hand-off exactly where an idle worker's timed wait ends without one.
+    """
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+        self.sleeps = 0
+        self.asleep = [threading.Event(), threading.Event()]
+        self.go_on = [threading.Event(), threading.Event()]
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not blocking:
+            return bool(self.lock.acquire(False))
+        n = self.sleeps
+        self.sleeps += 1
+        if n < 2:
+            self.asleep[n].set()
+            assert self.go_on[n].wait(WAIT)
+            if n == 0:
+                return False  # the idle check's timeout, though a hand-off came meanwhile
+        return bool(self.lock.acquire(True, timeout))
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def test_a_hand_off_as_an_idle_workers_wait_times_out_leaves_its_wake_lock_usable() -> None:
+    # The hand-off released the wake lock of a worker whose wait had just timed out: the worker
+    # finds the item anyway and must take that release back, or the next hand-off, made once it
+    # is idle again, would release an unlocked lock (RuntimeError in the caller).
+    pool = WorkerPool(1, "test-timed-out-wake")
+    wake: list[TimingOutWake] = []
+
+    def swap() -> None:
+        slot = pool._threads[threading.get_ident()]
+        wake.append(TimingOutWake(slot.wake))
+        slot.wake = wake[0]  # type: ignore[assignment]
+
+    try:
+        pool.submit(swap).result(WAIT)
+        wake_lock = wake[0]
+        assert wake_lock.asleep[0].wait(WAIT)  # idle, in the wait that will time out
+        second = pool.submit(lambda: "second")  # handed over to that worker
+        wake_lock.go_on[0].set()
+        assert second.result(WAIT) == "second"
+        assert wake_lock.asleep[1].wait(WAIT)  # idle again, about to sleep
+        third = pool.submit(lambda: "third")
+        wake_lock.go_on[1].set()
+        assert third.result(WAIT) == "third"
+    finally:
+        for event in wake[0].go_on if wake else []:
+            event.set()
+        pool.shutdown(wait=True)
+
+
 def test_worker_pool_threads_are_daemons_named_prefix_dash_number() -> None:
     barrier = threading.Barrier(3)  # both workers at once, so the pool starts two threads
 

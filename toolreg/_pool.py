@@ -188,12 +188,17 @@ class WorkerPool(Executor):
             self._idle.append(worker)
             return SLEEP
 
-    def _woken(self, worker: _Worker) -> WorkItem | _Sleep | None:
+    def _woken(self, worker: _Worker, timed_out: bool) -> WorkItem | _Sleep | None:
         """After a sleep: the item handed over, None to exit, or `SLEEP` again."""
         with self._lock:
             item = worker.item
             if item is not None:
                 worker.item = None
+                if timed_out:
+                    # Handed over as the wait timed out: the hand-off released the wake lock
+                    # (under this lock, so it has). Take that release back, or the next
+                    # hand-off would release an unlocked lock.
+                    worker.wake.acquire(False)
                 return item
             if self._shutdown:
                 if worker in self._idle:
@@ -297,11 +302,19 @@ def _serve(pool_ref: weakref.ref[WorkerPool], threads: dict[int, _Worker], worke
         worker.item = None
         while True:
             if isinstance(item, _Sleep):
-                worker.wake.acquire(timeout=_IDLE_CHECK)  # woken, or time to re-check
+                woken = worker.wake.acquire(timeout=_IDLE_CHECK)
+                if woken:
+                    # Woken by a hand-off: its item was written before the release that woke
+                    # us, and nobody else writes the slot of a worker out of the idle list.
+                    # (Shutdown and a collected pool wake it without one: the slow path.)
+                    item = worker.item
+                    if item is not None:
+                        worker.item = None
+                        continue
                 pool = pool_ref()
                 if pool is None:
                     return  # the pool was collected while this worker slept
-                item = pool._woken(worker)
+                item = pool._woken(worker, timed_out=not woken)
                 del pool
                 continue
             if item is None:
