@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from _registry_helpers import WAIT, Caller
 
-from toolreg import CancelSource, CancelToken, TimeoutReason, deadline, timeout_of
+from toolreg import CancelSource, CancelToken, TimeoutReason, _cancel, deadline, timeout_of
 
 
 def test_a_lazy_child_inherits_the_parents_reason_and_moment() -> None:
@@ -153,3 +153,33 @@ def test_eager_and_lazy_tokens_agree_under_racing_cancels() -> None:
         assert reader.join() in (None, "x")  # never cancelled with anything else
         assert lazy.token.cancelled and eager.token.cancelled
         assert lazy.token.reason == eager.token.reason == "x"
+
+
+@pytest.mark.parametrize("cause", ["caller", "call", "due", "none"])
+def test_a_deadline_under_a_lazy_call_token_under_a_caller_reads_each_cause(cause: str) -> None:
+    # TimeoutPolicy's shape with a caller token: a deadline below the call's own lazy token,
+    # itself below the caller's eager one. `.cancelled` reads it without a walk while nothing
+    # fired; each cause must still show at once, with its own reason.
+    with _cancel.manual_clock() as clock:
+        caller = CancelSource()
+        caller.token.on_cancel(lambda: None)  # an eager caller, as one that is listened to
+        call_token = _cancel.child_token(caller.token)
+        budget = _cancel.deadline_token(call_token, 5.0, "TOOL_TIMEOUT")
+        assert not budget.cancelled  # live: the walk-free read
+        if cause == "caller":
+            caller.cancel("caller stopped")
+        elif cause == "call":
+            _cancel._cancel(call_token, "registry closed")
+        elif cause == "due":
+            clock.advance(5.0)
+        assert budget.cancelled is (cause != "none")
+        expected = {
+            "caller": "caller stopped",
+            "call": "registry closed",
+            "due": TimeoutReason("TOOL_TIMEOUT", 5.0),
+            "none": None,
+        }[cause]
+        assert budget.reason == expected
+        assert _cancel.timed_out(budget) is (cause == "due")
+        assert call_token.cancelled is (cause in ("caller", "call"))
+        _cancel.close_token(budget)

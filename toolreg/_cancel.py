@@ -301,17 +301,26 @@ class CancelToken:
             if _now() < due:
                 return False  # a root deadline, not due yet
         elif len(pending) == 1 and not self._linking:
-            # The usual shape, read without a walk: a call's token under an eager caller, or a
-            # deadline under a call's token. Live if the parent is live with nothing lazy above
-            # it and this token's own due time (if any) is still ahead.
+            # The usual shapes, read without a walk: a call's token under an eager caller, and a
+            # deadline under a call's token (itself under nothing, or under an eager caller).
+            # Live if every token up to the eager one is live with no due time of its own, and
+            # this token's own due time (if any) is still ahead.
             parent = pending[0]
-            if (
-                not parent._cancelled
-                and parent._pending is None
-                and parent._due is None
-                and (due is None or _now() < due)
-            ):
-                return False
+            if not parent._cancelled and parent._due is None:
+                above = parent._pending
+                if above is None:
+                    if due is None or _now() < due:
+                        return False
+                elif (
+                    # One level more: a deadline under a call's token under its caller's.
+                    len(above) == 1
+                    and not parent._linking
+                    and not above[0]._cancelled
+                    and above[0]._pending is None
+                    and above[0]._due is None
+                    and (due is None or _now() < due)
+                ):
+                    return False
         return _resolve(self)
 
     @property
