@@ -24,11 +24,11 @@ from collections.abc import Callable, Coroutine, Mapping
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
+from . import _interrupts
 from ._cancel import CancelSource, CancelToken, Registration, deadline
 from ._claim import Claim
 from ._errors import ContextSettledError
-from ._interrupts import main_ident as _main_ident
-from ._interrupts import slice_for, wait_until
+from ._interrupts import MAIN_THREAD_SLICE, slice_for, wait_until
 from ._progress import check_progress
 from ._results import ToolCall, ToolResult, frozen_call, new_call_id
 from ._traces import notify_traces, run_inside
@@ -302,11 +302,11 @@ class ToolContext(Claim):
 
     def _finish(self) -> tuple[Any, ...]:
         """After the join: stop the overdue watch; the deferred items."""
-        watch = self._overdue
-        if watch is not None:
-            watch.close()
-        contexts = self._contexts
-        return () if contexts is None else tuple(contexts)
+        if self._overdue is not None:
+            self._overdue.close()
+        if self._contexts is None:
+            return ()
+        return tuple(self._contexts)
 
 
 Submit = Callable[[ToolContext], bool]  # hands the body to a worker; True if one took it at once
@@ -351,16 +351,19 @@ def run_body(
             if ctx._claim_back():
                 return f"the executor refused the body: {exc}"
             raise
-        listener, due = _listen(state, ctx)
+        if ctx.token is state.token and (state.caller is _NEVER or not state.live):
+            due = None  # `_listen`'s first case: nobody to listen to (see there)
+        else:
+            listener, due = _listen(state, ctx)
         done = ctx._done
-        main = get_ident() == _main_ident()
+        main = get_ident() == _interrupts.main_thread_ident
         if due is None and not main:
             while not ctx._settled:  # no signal lands off the main thread: block until settled
                 done.acquire()
         elif not ctx._settled:
             # One wait first, without the helper's machinery: most bodies settle within it.
             try:
-                done.acquire(True, slice_for(main, due))
+                done.acquire(True, MAIN_THREAD_SLICE if due is None else slice_for(main, due))
             except BaseException as exc:  # asynchronous (a signal handler): cancel, go on
                 _interrupt_join(ctx, interrupted, exc)
         if not ctx._settled:

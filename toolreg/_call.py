@@ -14,7 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._cancel import CancelToken, _cancel, child_token
+from ._cancel import _NEVER, CancelToken, _cancel, _new_token, child_token
 from ._record import record
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class CallState:
     # call sets only what it must (this object is made for every call).
 
     #: The catalog entry of the tool (validators, `async def` or not) and the tool itself;
-    #: None until the entry checks passed (no stage runs before `admit`).
+    #: None until the entry checks passed (no stage runs before then).
     entry: CatalogEntry = None  # type: ignore[assignment]
     tool: Tool = None  # type: ignore[assignment]
     #: The stage the call is in (read by `in_flight()` from any thread); `at()` moves it.
@@ -170,7 +170,7 @@ class CallState:
         wall: float | None = None,
         thread: int | None = None,
     ) -> None:
-        #: The call: as given until the entry checks passed (`admit`), then as executed, with
+        #: The call: as given until the entry checks passed, then as executed, with
         #: frozen arguments.
         self.call = call
         #: The hooks registered at entry: they serve the whole call.
@@ -178,12 +178,12 @@ class CallState:
         #: The caller's token, captured at entry, outside anything a wrapper can reach.
         self.caller = caller
         #: Whether `caller` was live at entry, read once: it decides every recheck.
-        self.live = not caller.cancelled
+        self.live = caller is _NEVER or not caller.cancelled
         #: How the call was entered.
         self.mode = mode
         #: The call's own token: a lazy child of `caller`; `close()`, Ctrl-C and the asyncio
         #: facade cancel it (from any thread, through `cancel`).
-        self.token = child_token(caller)
+        self.token = _new_token() if caller is _NEVER else child_token(caller)
         #: Entry time: `time.monotonic()`, and the wall clock (`time.time()`) read with it.
         self.entered = entered
         # The same moment on the wall clock: read next to `entered`, or derived from it.
@@ -211,12 +211,6 @@ class CallState:
             self.stage.value,
             "cancelled" if self.token.cancelled else "live",
         )
-
-    def admit(self, call: ToolCall, entry: CatalogEntry) -> None:
-        """The entry checks passed: the frozen call and its catalog entry."""
-        self.call = call
-        self.entry = entry
-        self.tool = entry.tool
 
     def cancel(self, reason: object) -> None:
         """Cancel the call (never the caller): its token, and a body still waiting to start.

@@ -174,7 +174,9 @@ class Dispatcher:
             token = state.token
             if token._links:  # made eager (someone listened): leave nothing on the caller's
                 token._close()
-            self.untrack(key)
+            calls.pop(key, None)  # `untrack(key)`, inline
+            if not calls and (self._idle_waiters or self._idle_callbacks):
+                self._notify_idle()
         return result, state.interrupted
 
     def execute(

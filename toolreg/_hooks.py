@@ -198,6 +198,9 @@ class HookSet:
     observers: tuple[ResultObserver, ...] = ()
     call_hooks: tuple[CallHook, ...] = ()
     tools_changed: tuple[Callable[[], object], ...] = ()  # registry-level, not per call
+    #: No pre-execute hook, guard, around wrapper or post hook: a call needs only its body,
+    #: its finalizing and its observers (`_pipeline`'s plain path). Derived, not a field.
+    plain = True
 
     def __init__(
         self,
@@ -219,11 +222,14 @@ class HookSet:
             observers=observers,
             call_hooks=call_hooks,
             tools_changed=tools_changed,
+            plain=not (pre_execute or guards or around or post_execute),
         )
 
     def replace(self, **changes: Any) -> HookSet:
         """A copy with `changes` (field name: value), like `dataclasses.replace`."""
-        return HookSet(**{**self.__dict__, **changes})
+        fields = {**self.__dict__, **changes}
+        del fields["plain"]
+        return HookSet(**fields)
 
 
 class HookRegistration(Registration):

@@ -34,6 +34,7 @@ instead. A custom handler installed by the application is never replaced.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,6 +59,20 @@ MAX_WAIT = 3600.0  # seconds; a longer timed wait is made in pieces (Lock.acquir
 def main_ident() -> int | None:
     """The main thread's ident: the only thread signal handlers (and their exceptions) run on."""
     return threading.main_thread().ident
+
+
+# The same, read as a module attribute on the join's hot path. It changes only in a child forked
+# from another thread, whose main thread threading's own after-fork hook (registered before
+# this one, so run first) has just made the forking thread.
+main_thread_ident = main_ident()
+
+
+def _main_thread_forked() -> None:
+    global main_thread_ident
+    main_thread_ident = main_ident()
+
+
+os.register_at_fork(after_in_child=_main_thread_forked)
 
 
 def wait_until(

@@ -113,7 +113,8 @@ def execute(
     in the call is left in `state.interrupted` for the dispatcher to re-raise.
     """
     if admitted is not None:
-        state.admit(state.call, admitted)
+        state.entry = admitted
+        state.tool = admitted.tool
         failed = None
     else:
         failed = _entry_checks(host, state)
@@ -122,7 +123,7 @@ def execute(
         failed = _failure(state.call, _BEFORE, "tool call aborted before dispatch")
     if failed is not None:
         return _finish(state, failed)
-    if _is_plain(state):
+    if state.hooks.plain and not state.debug:
         return _run_plain(host, state)
     return run_stages(host, state)
 
@@ -141,7 +142,8 @@ def _entry_checks(host: PipelineHost, state: CallState) -> ToolResult[Any] | Non
         unknown = frozen is not None and entry is None
         code = ErrorCode.UNKNOWN_TOOL if unknown else ErrorCode.INVALID_ARGS
         return _failure(state.call, code, str(problem))
-    state.admit(state.call, entry)
+    state.entry = entry  # admitted
+    state.tool = entry.tool
     return None
 
 
@@ -192,26 +194,22 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     """gate -> around | body -> cancellation replaces success -> post -> finalize -> notify."""
     hooks = state.hooks
     try:
+        live = False  # the call's token read live after the last stage (see `_finish`)
         result = _gate(state) if (hooks.pre_execute or hooks.guards) else None
         if result is None:
             result = _around(host, state) if hooks.around else _body(host, state, state.token)
-            if result.ok and state.live and state.token.cancelled:  # `_unless_revoked`, inline
+            live = not state.token.cancelled
+            if result.ok and state.live and not live:  # `_unless_revoked`, inline
                 result = _aborted(state, tuple(result.contexts))
         # The very result the registry made for a broken hook skips the post hooks.
         if hooks.post_execute and result is not state.hook_error:
             result = _post_execute(state, result)
+            live = False
     except BaseException as exc:  # landed between guarded spots: cancel, finish, re-raise later
         state.interrupt(exc)
         result = _aborted(state)
-    return _finish(state, result)
-
-
-def _is_plain(state: CallState) -> bool:
-    """Whether `_run_plain` runs the call: no gate, wrapper or post hook, no DEBUG."""
-    hooks = state.hooks
-    return not (
-        hooks.pre_execute or hooks.guards or hooks.around or hooks.post_execute or state.debug
-    )
+        live = False
+    return _finish(state, result, live)
 
 
 def _run_plain(host: PipelineHost, state: CallState) -> ToolResult[Any]:
@@ -236,7 +234,9 @@ def _run_plain(host: PipelineHost, state: CallState) -> ToolResult[Any]:
             inline = state.inline or state.entry.runner is not None
             refused = run_body(state, ctx, None if inline else host.submit, state.interrupt)
         contexts = ctx._finish()
-        state.mark_body(ctx)
+        if ctx._started:  # `state.mark_body(ctx)`: the body's token is the call's own here
+            state.dispatched_at = ctx._dispatched_at
+            state.settled_at = ctx._settled_at
         if refused is not None:
             result = _failure(state.call, _TOOL_ERROR, refused, contexts)
         else:
@@ -386,7 +386,9 @@ def _denied(state: CallState, reason: object) -> ToolResult[Any]:
 
 def _around(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     dispatch = Dispatch(state.call, state.tool, state.caller, state.token)
-    state.at(_AROUND)
+    state.stage = _AROUND
+    if state.debug:
+        state.log_stage()
     state.chain_open = True
     result = _proceed_from(host, state, dispatch, 0)
     _close_chain(state)

@@ -57,13 +57,15 @@ class TimeoutPolicy:
         self.default = default
 
     def __call__(self, dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
-        seconds = dispatch.tool.timeout
+        # The registry's own Dispatch, read and written through its slots: the properties
+        # would check a token this code made itself (three reads and two writes per call).
+        seconds = dispatch._tool.timeout
         if seconds is None:
             seconds = self.default
             if seconds is None:
                 return proceed()
-        previous = dispatch.token
-        call_token = dispatch.call_token
+        previous = dispatch._token
+        call_token = dispatch._call_token
         # The deadline also follows the call's token, so a caller who cancels first cancels it
         # (with the caller's reason, never `timed_out`) even when an outer wrapper replaced
         # `dispatch.token` with a token the caller does not reach.
@@ -71,15 +73,16 @@ class TimeoutPolicy:
         # Both durations were validated already (the tool's when it was made, `default` here).
         parent = previous if follows is None else follows.token
         budget = deadline_token(parent, float(seconds), self.code)
-        dispatch.token = budget
+        dispatch._token = budget
         try:
             result = proceed()
         finally:
             close_token(budget)  # disarm first: from here on the timer cannot fire
             if follows is not None:
                 follows.close()
-            dispatch.token = previous
-        if result.code in _CANCELLATIONS and timed_out(budget):
+            dispatch._token = previous
+        error = result.error
+        if error is not None and error.code in _CANCELLATIONS and timed_out(budget):
             message = f"tool call timed out after {format(seconds, 'g')}s"
             return ToolResult.failure(result.call, ErrorCode.TOOL_TIMEOUT, message, result.contexts)
         return result

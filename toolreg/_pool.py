@@ -309,7 +309,7 @@ def _serve(pool_ref: weakref.ref[WorkerPool], threads: dict[int, _Worker], worke
                     # (Shutdown and a collected pool wake it without one: the slow path.)
                     item = worker.item
                     if item is not None:
-                        worker.item = None
+                        worker.item = None  # type: ignore[unreachable]  # mypy: set None above
                         continue
                 pool = pool_ref()
                 if pool is None:
