@@ -35,7 +35,19 @@ from toolreg import (
 from toolreg._record import record
 
 # Loaded only by what needs them (a misuse, a JSON value, `entered_at`, a registration, a batch).
-NOT_LOADED = ("dataclasses", "inspect", "json", "datetime", "copy", "ast", "dis", "signal")
+NOT_LOADED = (
+    "dataclasses",
+    "inspect",
+    "json",
+    "datetime",
+    "copy",
+    "ast",
+    "dis",
+    "signal",
+    "logging",
+    "concurrent.futures",
+    "toolreg._pool",
+)
 
 
 def test_import_toolreg_loads_neither_dataclasses_nor_what_only_some_paths_need() -> None:
@@ -49,6 +61,37 @@ def test_import_toolreg_loads_neither_dataclasses_nor_what_only_some_paths_need(
     loaded = done.stdout.split()
     assert "toolreg" in loaded
     assert [name for name in NOT_LOADED if name in loaded] == []
+
+
+def test_what_import_toolreg_leaves_out_loads_with_the_first_registry_or_log_line() -> None:
+    script = """
+import sys
+import toolreg
+assert "logging" not in sys.modules and "concurrent.futures" not in sys.modules
+assert "WorkerPool" in dir(toolreg) and "WorkerPool" in toolreg.__all__
+registry = toolreg.ToolRegistry()
+assert isinstance(registry._dispatcher._executor, toolreg.WorkerPool)
+assert toolreg.WorkerPool.__module__ == "toolreg"
+import concurrent.futures
+assert isinstance(toolreg.WorkerPool(1), concurrent.futures.Executor)
+from toolreg._logger import logger
+import logging
+real = logging.getLogger("toolreg")
+assert logger.isEnabledFor(logging.ERROR) is real.isEnabledFor(logging.ERROR)
+records = []
+handler = logging.Handler()
+handler.emit = records.append
+real.addHandler(handler)
+logger.warning("through the lazy logger: %s", 1)
+assert [r.getMessage() for r in records] == ["through the lazy logger: 1"], records
+assert records[0].name == "toolreg"
+registry.close()
+print("ok")
+"""
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok"]
 
 
 def _body(args: Any, ctx: Any) -> int:

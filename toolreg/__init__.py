@@ -9,10 +9,14 @@ The public API, re-exported from the private modules that implement it:
   `Catalog`; progress (`_progress`): `ToolProgress`;
 * hooks (`_hooks`): `Allow`, `Deny`, `Ask`, `Dispatch` and the `Protocol` of each hook kind;
 * the registry (`_registry`): `ToolRegistry`, `InFlightCall`;
-* policies (`_policies`): `TimeoutPolicy`, `RetryPolicy`.
+* policies (`_policies`): `TimeoutPolicy`, `RetryPolicy`;
+* the thread pool (`_pool`): `WorkerPool`, loaded when first named (it is a
+  `concurrent.futures.Executor`, and `import toolreg` does not load `concurrent.futures`).
 """
 
 import contextlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 from ._body import ToolContext as ToolContext
 from ._call import Stage as Stage
@@ -42,7 +46,6 @@ from ._hooks import PreExecuteHook as PreExecuteHook
 from ._hooks import ResultObserver as ResultObserver
 from ._policies import RetryPolicy as RetryPolicy
 from ._policies import TimeoutPolicy as TimeoutPolicy
-from ._pool import WorkerPool as WorkerPool
 from ._progress import ToolProgress as ToolProgress
 from ._registry import InFlightCall as InFlightCall
 from ._registry import ToolRegistry as ToolRegistry
@@ -99,14 +102,35 @@ __all__ = [
 ]
 
 
-def _report_public_module() -> None:
+if _TYPE_CHECKING:
+    from ._pool import WorkerPool as WorkerPool
+
+_LAZY = ("WorkerPool",)  # public names whose module loads when the name is first looked up
+
+
+def _report_public_module(value: object) -> None:
     # Public names report the module users import them from (`toolreg.ToolRegistry`, not
     # `toolreg._registry.ToolRegistry`): in reprs, tracebacks, pickles and documentation.
-    for name in __all__:
-        value = globals()[name]
-        if getattr(value, "__module__", "").startswith("toolreg._"):
-            with contextlib.suppress(AttributeError, TypeError):  # an alias: nothing to rename
-                value.__module__ = __name__
+    if getattr(value, "__module__", "").startswith("toolreg._"):
+        with contextlib.suppress(AttributeError, TypeError):  # an alias: nothing to rename
+            value.__module__ = __name__
 
 
-_report_public_module()
+def __getattr__(name: str) -> _Any:
+    if name == "WorkerPool":
+        from ._pool import WorkerPool
+
+        _report_public_module(WorkerPool)
+        globals()[name] = WorkerPool  # found directly from now on
+        return WorkerPool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+for _name in __all__:
+    if _name not in _LAZY:
+        _report_public_module(globals()[_name])
+del _name

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import itertools
-import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -42,12 +41,12 @@ from ._cancel import CancelSource, CancelToken
 from ._catalog import CatalogEntry
 from ._claim import Claim
 from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, SigintRequest, deferred_sigint
+from ._logger import logger
 from ._pipeline import check_entry
 from ._results import ToolCall, ToolResult, frozen_call
 
 __all__ = ["BatchHost", "Progress", "check_batch", "execute_batch"]
 
-logger = logging.getLogger("toolreg")
 
 Progress = Callable[[int, int], object]
 

@@ -17,7 +17,6 @@ the body returned or raised: the registry never looks at an executor future.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -29,6 +28,7 @@ from ._cancel import CancelSource, CancelToken, Registration, deadline
 from ._claim import Claim
 from ._errors import ContextSettledError
 from ._interrupts import MAIN_THREAD_SLICE, slice_for, wait_until
+from ._logger import logger
 from ._progress import check_progress
 from ._results import ToolCall, ToolResult, frozen_call, new_call_id
 from ._traces import notify_traces, run_inside
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = ["BodyHost", "NotStarted", "Runner", "ToolContext", "run_body"]
 
-logger = logging.getLogger("toolreg")
 
 _Lock = threading.Lock
 _NEVER = CancelToken.never()

@@ -9,12 +9,13 @@ read by the stage thread only after the join (a lock release and acquire order t
 from __future__ import annotations
 
 import enum
-import logging
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from ._cancel import _NEVER, CancelToken, _cancel, _new_token, child_token
+from ._logger import DEBUG
+from ._logger import logger as _logger
 from ._record import record
 
 if TYPE_CHECKING:
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
     from ._tools import Tool
 
 __all__ = ["CallMode", "CallState", "Stage"]
-
-_logger = logging.getLogger("toolreg")
 
 
 class Stage(str, enum.Enum):
@@ -192,7 +191,7 @@ class CallState:
         #: worker already running a body of this registry).
         self.thread = threading.get_ident() if thread is None else thread
         self.inline = inline
-        self.debug = _logger.isEnabledFor(logging.DEBUG)  # one cheap check per call
+        self.debug = _logger.isEnabledFor(DEBUG)  # one cheap check per call
         #: The caller's `progress=` sink (direct and awaited calls only).
         self.progress = progress
 

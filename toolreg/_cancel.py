@@ -42,7 +42,6 @@ import _thread
 import contextlib
 import functools
 import itertools
-import logging
 import threading
 import time
 import weakref
@@ -55,6 +54,7 @@ if TYPE_CHECKING:
 from . import _validate
 from ._interrupts import INTERRUPTS
 from ._jobs import JobThreads
+from ._logger import logger
 from ._record import record
 from ._timer import ManualClock, Timer, TimerEntry
 
@@ -68,7 +68,6 @@ __all__ = [
     "timeout_of",
 ]
 
-logger = logging.getLogger("toolreg")
 
 _next_key = itertools.count().__next__  # dict keys for listeners; next() is atomic under the GIL
 

@@ -10,7 +10,6 @@ JSON-serializable copy.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -28,7 +27,6 @@ __all__ = ["RUNNER_ATTRIBUTE", "Catalog", "CatalogEntry", "SchemaStyle", "ToolTa
 # A body function carrying this attribute runs elsewhere: the attribute is its `Runner`.
 RUNNER_ATTRIBUTE = "__toolreg_runner__"
 
-logger = logging.getLogger("toolreg")
 
 SchemaStyle = Literal["openai", "anthropic", "mcp"]
 

@@ -27,13 +27,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Executor, Future
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -44,19 +42,19 @@ from ._catalog import CatalogEntry
 from ._coro import CoroutineRunner
 from ._errors import ExecutorRefusedError, InsideCallError, RegistryClosedError
 from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, wait_until
+from ._logger import logger
 from ._pipeline import execute as execute_call
 from ._pipeline import never_started
-from ._pool import WorkerPool
 from ._progress import ProgressSink
 from ._results import ToolCall, ToolResult
 from ._traces import start_traces
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor, Future
+
     from ._hooks import HookSet
 
 __all__ = ["Cancellable", "Dispatcher"]
-
-logger = logging.getLogger("toolreg")
 
 
 class Cancellable(Protocol):
@@ -98,6 +96,8 @@ class Dispatcher:
         self._hooks = hooks
         self._executor = executor
         self._owns_executor = owns_executor
+        from ._pool import WorkerPool  # loaded with the first registry, not by `import toolreg`
+
         self._pool = executor if isinstance(executor, WorkerPool) else None
         # The pool's own ident -> worker table (only its workers write it): a thread found here
         # is running a body right now, so a call it makes runs inline.

@@ -21,16 +21,16 @@ callback cannot delay the next deadline; an event loop can hand over work the sa
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
 
+from ._logger import logger
+
 __all__ = ["JobThreads", "after_fork_in_child"]
 
-logger = logging.getLogger("toolreg")
 
 # Seconds a job waits, with every worker busy, before a spare worker is started for it: jobs
 # that are merely quick to come start no threads, a blocked job costs the others this much.

@@ -32,7 +32,6 @@ used: something that is not a well-formed `ToolResult` fails closed as `HOOK_ERR
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -45,6 +44,7 @@ from ._cancel import Cancelled, CancelSource, CancelToken
 from ._catalog import CatalogEntry
 from ._hooks import Allow, Ask, Deny, Dispatch
 from ._interrupts import INTERRUPTS, wait_until
+from ._logger import logger
 from ._results import (
     CallTimeline,
     ErrorCode,
@@ -63,7 +63,6 @@ from ._traces import end_traces
 
 __all__ = ["PipelineHost", "check_entry", "describe", "execute", "never_started"]
 
-logger = logging.getLogger("toolreg")
 
 _ABORTED = ErrorCode.ABORTED
 _BEFORE = ErrorCode.ABORTED_BEFORE_DISPATCH

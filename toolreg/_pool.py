@@ -27,7 +27,6 @@ import collections
 import contextlib
 import functools
 import itertools
-import logging
 import os
 import threading
 import weakref
@@ -36,10 +35,10 @@ from concurrent.futures import Executor, Future
 from typing import Any, Protocol, TypeVar
 
 from ._helper import HELPER
+from ._logger import logger
 
 __all__ = ["WorkerPool"]
 
-logger = logging.getLogger("toolreg")
 
 T = TypeVar("T")
 

@@ -10,21 +10,19 @@ into the body.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _validate
 from ._interrupts import INTERRUPTS
+from ._logger import logger
 from ._record import record
 
 if TYPE_CHECKING:
     from ._results import ToolCall
 
 __all__ = ["ProgressCallback", "ProgressSink", "ToolProgress", "check_progress"]
-
-logger = logging.getLogger("toolreg")
 
 
 @record(frozen=True, slots=True)

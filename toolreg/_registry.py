@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from typing_extensions import Self
 
 from . import _validate
@@ -27,7 +27,7 @@ from ._hooks import (
     PreExecuteHook,
     ResultObserver,
 )
-from ._pool import WorkerPool
+from ._logger import logger as _logger
 from ._progress import ProgressCallback, ProgressSink
 from ._record import record
 from ._results import ToolCall, ToolResult
@@ -35,7 +35,6 @@ from ._tools import ConcurrencySafe, Tool
 
 __all__ = ["InFlightCall", "ToolRegistry"]
 
-_logger = logging.getLogger("toolreg")
 _NEVER = CancelToken.never()
 _DIRECT = CallMode.direct(True)
 _DIRECT_MODEL = CallMode.direct(False)
@@ -119,6 +118,8 @@ class ToolRegistry:
                 overdue_after, "overdue_after", unlimited="None disables it"
             )
         if executor is None:
+            from ._pool import WorkerPool  # with concurrent.futures: not paid by `import toolreg`
+
             workers = DEFAULT_MAX_WORKERS if max_workers is None else max_workers
             executor = WorkerPool(workers, thread_name_prefix)
             owns = True
@@ -452,10 +453,13 @@ def _check_callable(fn: object, what: str) -> None:
 
 
 def _check_executor(executor: object) -> None:
+    # Imported only for a caller's own executor: `import toolreg` does not pay for them.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ._pool import WorkerPool
+
     if isinstance(executor, WorkerPool):
         return
-    # Imported only for a caller's own executor: `import toolreg` does not pay for it.
-    from concurrent.futures import ThreadPoolExecutor
 
     if isinstance(executor, ThreadPoolExecutor):
         return

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 import threading
 import time
 import weakref
@@ -27,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from ._interrupts import MAX_WAIT
 from ._jobs import after_fork_in_child
+from ._logger import logger
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 __all__ = ["ManualClock", "Timer", "TimerEntry"]
 
-logger = logging.getLogger("toolreg")
 
 _next_key = itertools.count().__next__  # tie-breaker for equal due times; atomic under the GIL
 

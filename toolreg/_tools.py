@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -19,7 +18,6 @@ from ._text import safe_repr, type_name
 
 __all__ = ["FrozenDict", "Tool", "thaw"]
 
-logger = logging.getLogger("toolreg")
 
 MAX_DEPTH = 64  # deeper arguments are refused: no model needs them, and recursion must stay bounded
 

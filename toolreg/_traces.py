@@ -7,19 +7,17 @@ empty-tuple check per call.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._hooks import CallHook, CallTrace
+from ._logger import logger
 
 if TYPE_CHECKING:
     from ._cancel import CancelToken
     from ._results import ToolCall, ToolResult
 
 __all__ = ["end_traces", "notify_traces", "run_inside", "start_traces"]
-
-logger = logging.getLogger("toolreg")
 
 
 def start_traces(
