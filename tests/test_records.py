@@ -47,6 +47,9 @@ NOT_LOADED = (
     "logging",
     "concurrent.futures",
     "toolreg._pool",
+    "toolreg._dispatch",  # with the pipeline: loaded by the first ToolRegistry
+    "toolreg._pipeline",
+    "toolreg._batch",  # loaded by the first batch
 )
 
 
@@ -71,6 +74,9 @@ assert "logging" not in sys.modules and "concurrent.futures" not in sys.modules
 assert "WorkerPool" in dir(toolreg) and "WorkerPool" in toolreg.__all__
 registry = toolreg.ToolRegistry()
 assert isinstance(registry._dispatcher._executor, toolreg.WorkerPool)
+assert "toolreg._batch" not in sys.modules
+registry.execute_batch([])
+assert "toolreg._batch" in sys.modules
 assert toolreg.WorkerPool.__module__ == "toolreg"
 import concurrent.futures
 assert isinstance(toolreg.WorkerPool(1), concurrent.futures.Executor)

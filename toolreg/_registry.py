@@ -10,13 +10,14 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
+    from ._batch import Progress
+    from ._dispatch import Dispatcher
+
 from . import _validate
-from ._batch import Progress, execute_batch
 from ._body import owned_call
 from ._call import CallMode, Stage
 from ._cancel import CancelToken, Registration
 from ._catalog import Catalog, SchemaStyle, ToolTable
-from ._dispatch import Dispatcher
 from ._hooks import (
     Approver,
     AroundWrapper,
@@ -131,9 +132,13 @@ class ToolRegistry:
                 )
             _check_executor(executor)
             owns = False
+        # The dispatcher's modules (the pipeline, the coroutine runner) load with the first
+        # registry, not with `import toolreg`.
+        from ._dispatch import Dispatcher
+
         self._hooks = HookTable()
         self._tools = ToolTable(self._tools_changed)
-        self._dispatcher = Dispatcher(
+        self._dispatcher: Dispatcher = Dispatcher(
             self._tools, self._hooks, executor, owns, overdue_after, thread_name_prefix
         )
 
@@ -353,6 +358,8 @@ class ToolRegistry:
         `max_parallel` that is not an int, and `ValueError` for duplicate call ids or
         `max_parallel < 1`.
         """
+        from ._batch import execute_batch  # loaded with the first batch
+
         return execute_batch(self._dispatcher, calls, as_token(token), max_parallel, on_progress)
 
     def in_flight(self) -> list[InFlightCall]:
