@@ -14,49 +14,60 @@ The public API, re-exported from the private modules that implement it:
   `concurrent.futures.Executor`, and `import toolreg` does not load `concurrent.futures`).
 """
 
-import contextlib
-from typing import TYPE_CHECKING as _TYPE_CHECKING
-from typing import Any as _Any
+import gc as _gc
 
-from ._body import ToolContext as ToolContext
-from ._call import Stage as Stage
-from ._cancel import Cancelled as Cancelled
-from ._cancel import CancelSource as CancelSource
-from ._cancel import CancelToken as CancelToken
-from ._cancel import Registration as Registration
-from ._cancel import TimeoutReason as TimeoutReason
-from ._cancel import deadline as deadline
-from ._cancel import timeout_of as timeout_of
-from ._catalog import Catalog as Catalog
-from ._errors import ContextSettledError as ContextSettledError
-from ._errors import ExecutorRefusedError as ExecutorRefusedError
-from ._errors import InsideCallError as InsideCallError
-from ._errors import RegistryClosedError as RegistryClosedError
-from ._hooks import Allow as Allow
-from ._hooks import Approver as Approver
-from ._hooks import AroundWrapper as AroundWrapper
-from ._hooks import Ask as Ask
-from ._hooks import CallHook as CallHook
-from ._hooks import CallTrace as CallTrace
-from ._hooks import Deny as Deny
-from ._hooks import Dispatch as Dispatch
-from ._hooks import Guard as Guard
-from ._hooks import PostExecuteHook as PostExecuteHook
-from ._hooks import PreExecuteHook as PreExecuteHook
-from ._hooks import ResultObserver as ResultObserver
-from ._policies import RetryPolicy as RetryPolicy
-from ._policies import TimeoutPolicy as TimeoutPolicy
-from ._progress import ToolProgress as ToolProgress
-from ._registry import InFlightCall as InFlightCall
-from ._registry import ToolRegistry as ToolRegistry
-from ._results import CallTimeline as CallTimeline
-from ._results import ErrorCode as ErrorCode
-from ._results import ToolCall as ToolCall
-from ._results import ToolError as ToolError
-from ._results import ToolResult as ToolResult
-from ._tools import FrozenDict as FrozenDict
-from ._tools import Tool as Tool
-from ._tools import thaw as thaw
+# The import makes a few thousand objects that live as long as the interpreter: a cyclic
+# collection during it (there would be several at the default thresholds) only walks them, at
+# about a tenth of the import's time. The collector's state is restored however this ends.
+_collecting = _gc.isenabled()
+_gc.disable()
+try:
+    import contextlib
+    from typing import TYPE_CHECKING as _TYPE_CHECKING
+    from typing import Any as _Any
+
+    from ._body import ToolContext as ToolContext
+    from ._call import Stage as Stage
+    from ._cancel import Cancelled as Cancelled
+    from ._cancel import CancelSource as CancelSource
+    from ._cancel import CancelToken as CancelToken
+    from ._cancel import Registration as Registration
+    from ._cancel import TimeoutReason as TimeoutReason
+    from ._cancel import deadline as deadline
+    from ._cancel import timeout_of as timeout_of
+    from ._catalog import Catalog as Catalog
+    from ._errors import ContextSettledError as ContextSettledError
+    from ._errors import ExecutorRefusedError as ExecutorRefusedError
+    from ._errors import InsideCallError as InsideCallError
+    from ._errors import RegistryClosedError as RegistryClosedError
+    from ._hooks import Allow as Allow
+    from ._hooks import Approver as Approver
+    from ._hooks import AroundWrapper as AroundWrapper
+    from ._hooks import Ask as Ask
+    from ._hooks import CallHook as CallHook
+    from ._hooks import CallTrace as CallTrace
+    from ._hooks import Deny as Deny
+    from ._hooks import Dispatch as Dispatch
+    from ._hooks import Guard as Guard
+    from ._hooks import PostExecuteHook as PostExecuteHook
+    from ._hooks import PreExecuteHook as PreExecuteHook
+    from ._hooks import ResultObserver as ResultObserver
+    from ._policies import RetryPolicy as RetryPolicy
+    from ._policies import TimeoutPolicy as TimeoutPolicy
+    from ._progress import ToolProgress as ToolProgress
+    from ._registry import InFlightCall as InFlightCall
+    from ._registry import ToolRegistry as ToolRegistry
+    from ._results import CallTimeline as CallTimeline
+    from ._results import ErrorCode as ErrorCode
+    from ._results import ToolCall as ToolCall
+    from ._results import ToolError as ToolError
+    from ._results import ToolResult as ToolResult
+    from ._tools import FrozenDict as FrozenDict
+    from ._tools import Tool as Tool
+    from ._tools import thaw as thaw
+finally:
+    if _collecting:
+        _gc.enable()
 
 __all__ = [
     "Allow",
