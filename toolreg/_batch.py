@@ -404,6 +404,11 @@ class BatchRun:
 
     def _report(self) -> None:
         """on_progress for every call that finished since the last report."""
+        if self.on_progress is None:  # only the count: `_progress` for each, without the calls
+            finished = len(self.finished)
+            self.done += finished - self.reported
+            self.reported = finished
+            return
         while self.reported < len(self.finished):
             self.reported += 1
             self._progress()
