@@ -329,3 +329,31 @@ def test_records_are_public_under_toolreg() -> None:
     # The rebuilt slots classes are the ones exported (and renamed to their public module).
     assert toolreg.ToolProgress is ToolProgress and ToolProgress.__module__ == "toolreg"
     assert json.loads(ToolResult.success(CALL, {"k": [1]}).content) == {"k": [1]}
+
+
+@pytest.mark.parametrize(
+    ("before", "setup", "imported"),
+    [
+        ("gc.enable()", "", True),
+        ("gc.disable()", "", True),
+        ("gc.enable()", "sys.modules['toolreg._body'] = None", False),  # the import fails
+    ],
+)
+def test_import_toolreg_leaves_the_collector_as_it_found_it(
+    before: str, setup: str, imported: bool
+) -> None:
+    script = f"""
+import gc, sys
+{before}
+was = gc.isenabled()
+{setup}
+try:
+    import toolreg
+    print("imported", gc.isenabled() is was)
+except ImportError:
+    print("failed", gc.isenabled() is was)
+"""
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["imported" if imported else "failed", "True"]
