@@ -55,7 +55,7 @@ T = TypeVar("T")
 S = TypeVar("S")
 
 WAIT = 10.0  # upper bound for anything that should happen at once; only reached on failure
-FLAT = 64 * 1024  # traced-memory growth allowed over ~1M cycles: far below one byte per cycle
+FLAT = 64 * 1024  # traced-memory growth allowed over 250k cycles: a quarter byte per cycle
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -231,12 +231,12 @@ class Race(Generic[S]):
 
 @pytest.fixture(params=["gc-disabled", "gc-enabled"])
 def cycles(request: pytest.FixtureRequest) -> int:
-    """How many cycles a flat-memory test runs: with the GC off (where a leaked reference cycle
-    shows as growth), the full million; with it on, a quarter million, to fit the time budget
-    (a million traced cycles take 8-17 s on a loaded 2-core machine)."""
+    """How many cycles a flat-memory test runs, with the GC off (where a leaked reference cycle
+    shows as growth) and on: a quarter million. A leak of one byte per cycle shows at over three
+    times `FLAT`, and the test fits the time budget: a million traced cycles took 53-67 s on
+    this project's 2-core VM (2026-12-02), against the suite's 60 s timeout."""
     if request.param == "gc-disabled":
         request.getfixturevalue("gc_disabled")
-        return 1_000_000
     return 250_000
 
 
