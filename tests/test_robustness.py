@@ -212,6 +212,41 @@ def test_call_ids_get_a_new_per_process_prefix_after_fork() -> None:
     assert prefix(child[0]) == prefix(child[1]) != prefix(before)
 
 
+def test_a_child_forked_from_another_thread_joins_as_its_main_thread() -> None:
+    # The join waits in slices only on the main thread (where a Ctrl-C can land), and reads
+    # which thread that is from a value kept at import: a child forked from a worker thread has
+    # that thread as its main one, so the value must follow the fork.
+    result = run_python(
+        _FORK_PRELUDE
+        + """
+    import threading
+    from toolreg import _interrupts
+    registry = ToolRegistry(max_workers=1)
+    registry.register(Tool("echo", lambda args, ctx: args))
+    forked = []
+
+    def fork_here():
+        pid = os.fork()
+        if pid == 0:
+            me = threading.get_ident()
+            same = _interrupts.main_thread_ident == me == threading.main_thread().ident
+            ok = same and registry.execute("echo").ok
+            os._exit(0 if ok else 1)
+        forked.append(pid)
+
+    thread = threading.Thread(target=fork_here)
+    thread.start()
+    thread.join()
+    print("child exit:", wait_for_child(forked[0]))
+    print("parent main:", _interrupts.main_thread_ident == threading.main_thread().ident)
+    registry.close()
+    """
+    )
+    lines = dict(row.split(": ", 1) for row in result.stdout.splitlines() if ": " in row)
+    assert lines.get("child exit") == "0", result
+    assert lines.get("parent main") == "True", result
+
+
 # -- 2. interpreter exit --------------------------------------------------------------------------
 
 
