@@ -6,8 +6,9 @@ into the source tree, so two of them must not run side by side. Needs Python 3.1
 """
 
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 
 def requirements(extras: list[str]) -> list[str]:
