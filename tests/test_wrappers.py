@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from _registry_helpers import (
     Args,
     Caller,
@@ -22,12 +23,16 @@ from _registry_helpers import (
 )
 
 from toolreg import (
+    AroundWrapper,
     Dispatch,
     ErrorCode,
+    RetryPolicy,
+    TimeoutPolicy,
     ToolContext,
     ToolRegistry,
     ToolResult,
 )
+from toolreg._hooks import HookSet
 
 
 def test_wrappers_nest_in_registration_order_first_outermost(registry: ToolRegistry) -> None:
@@ -215,3 +220,75 @@ def test_body_started_by_a_proceed_on_another_thread_is_still_joined(
         result = call.join()
         background[0].join()
     assert result.dispatched
+
+
+@pytest.mark.parametrize("inner", [None, TimeoutPolicy(), RetryPolicy()], ids=repr)
+def test_a_result_a_wrapper_keeps_stays_as_it_saw_it(
+    registry: ToolRegistry, inner: AroundWrapper | None
+) -> None:
+    """The registry finishes a result in place only when no user code has seen it: a wrapper
+    that keeps what proceed() gave it must not see that object change afterwards."""
+    registry.tool(name="work", timeout=30.0)(lambda args, ctx: "done")
+    kept: list[tuple[ToolResult[Any], tuple[object, ...]]] = []
+
+    def keeping(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        result = proceed()
+        kept.append((result, (result.dispatched, result.duration, result.timeline)))
+        return result
+
+    registry.add_around(keeping)
+    if inner is not None:
+        registry.add_around(inner)
+    final = registry.execute("work")
+    assert final.ok and final.dispatched
+    result, seen = kept[0]
+    assert (result.dispatched, result.duration, result.timeline) == seen
+    assert final is not result  # the final result is a copy, made after the wrapper returned
+
+
+def test_only_toolregs_own_policies_let_a_result_be_finished_in_place() -> None:
+    class Subclassed(TimeoutPolicy):  # may override __call__ and keep the result: not trusted
+        pass
+
+    def around(*wrappers: AroundWrapper, post: bool = False) -> bool:
+        hooks = HookSet(around=wrappers, post_execute=(lambda r, t: None,) if post else ())
+        return hooks.results_unseen
+
+    assert around()
+    assert around(TimeoutPolicy(), RetryPolicy())
+    assert not around(TimeoutPolicy(), lambda d, p: p())
+    assert not around(Subclassed())
+    assert not around(TimeoutPolicy(), post=True)
+    trusted = HookSet(around=(TimeoutPolicy(),))
+    assert not trusted.replace(around=(lambda d, p: p(),)).results_unseen
+
+
+@pytest.mark.parametrize("elsewhere", ["outer", "inner"])
+def test_a_proceed_on_another_thread_at_either_depth_of_a_chain_runs_and_joins_the_body(
+    registry: ToolRegistry, elsewhere: str
+) -> None:
+    """`proceed()` called on another thread, from the outer wrapper (the rest of the chain) or
+    the innermost one (the body): it runs what is left, and execute returns its result."""
+    journal = Journal()
+    registry.tool(name="work")(lambda args, ctx: journal(threading.current_thread().name) or "ok")
+
+    def make(label: str) -> AroundWrapper:
+        def wrapper(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+            journal(label)
+            if label != elsewhere:
+                return proceed()
+            box: list[ToolResult[Any]] = []
+            helper = threading.Thread(target=lambda: box.append(proceed()), name="helper")
+            helper.start()
+            helper.join()
+            return box[0]
+
+        return wrapper
+
+    registry.add_around(make("outer"))
+    registry.add_around(make("inner"))
+    result = registry.execute("work")
+    assert result.ok and result.content == "ok" and result.dispatched
+    outer, inner, body = journal.entries  # each wrapper once, then the body once
+    assert (outer, inner) == ("outer", "inner")
+    assert body.startswith("toolreg-")  # handed to a pool worker, as from the call's own thread

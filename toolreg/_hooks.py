@@ -201,6 +201,11 @@ class HookSet:
     #: No pre-execute hook, guard, around wrapper or post hook: a call needs only its body,
     #: its finalizing and its observers (`_pipeline`'s plain path). Derived, not a field.
     plain = True
+    #: No post hook, and every around wrapper is one that declares, in its own class, that it
+    #: keeps no reference to a result it hands on (`_keeps_no_result = True`: TimeoutPolicy,
+    #: RetryPolicy): a result the registry makes for the body then reaches finalizing unseen
+    #: by user code, and is finished in place rather than copied. Derived, not a field.
+    results_unseen = True
 
     def __init__(
         self,
@@ -223,13 +228,19 @@ class HookSet:
             call_hooks=call_hooks,
             tools_changed=tools_changed,
             plain=not (pre_execute or guards or around or post_execute),
+            results_unseen=not post_execute and all(map(_keeps_no_result, around)),
         )
 
     def replace(self, **changes: Any) -> HookSet:
         """A copy with `changes` (field name: value), like `dataclasses.replace`."""
         fields = {**self.__dict__, **changes}
-        del fields["plain"]
+        del fields["plain"], fields["results_unseen"]
         return HookSet(**fields)
+
+
+def _keeps_no_result(wrapper: object) -> bool:
+    # The wrapper's own class only: a subclass may override `__call__` and keep the result.
+    return type(wrapper).__dict__.get("_keeps_no_result") is True
 
 
 class HookRegistration(Registration):

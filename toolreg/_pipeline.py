@@ -390,7 +390,12 @@ def _around(host: PipelineHost, state: CallState) -> ToolResult[Any]:
         state.log_stage()
     state.chain_open = True
     result = _proceed_from(host, state, dispatch, 0)
-    _close_chain(state)
+    # The chain returned: refuse new `proceed()` calls, join those still running elsewhere.
+    with PROCEEDS_LOCK:
+        state.chain_open = False
+        elsewhere = state.foreign_proceeds
+    if elsewhere:
+        _join_foreign_proceeds(state)
     return result
 
 
@@ -399,15 +404,17 @@ def _proceed_from(
 ) -> ToolResult[Any]:
     """Run wrapper `index` (or, past the last, the body); never raises."""
     wrappers = state.hooks.around
-    if index == len(wrappers):
-        result = _body(host, state, dispatch.token)
-        state.proceeded = result
+    if index == len(wrappers):  # the innermost wrapper's proceed(), called on another thread
+        result = state.proceeded = _body(host, state, dispatch._token)
         return result
-    proceed = functools.partial(_proceed, host, state, dispatch, index + 1)
+    if index + 1 == len(wrappers):  # the innermost wrapper's proceed() runs the body
+        proceed = functools.partial(_proceed_to_body, host, state, dispatch)
+    else:
+        proceed = functools.partial(_proceed, host, state, dispatch, index + 1)
     try:
         returned: object = wrappers[index](dispatch, proceed)
     except BaseException as exc:
-        return _raised(state, "around wrapper", exc, dispatch.token)
+        return _raised(state, "around wrapper", exc, dispatch._token)
     # What its proceed() returned, handed on as it is (a pass-through, TimeoutPolicy on time),
     # was made or checked by the registry already.
     if returned is None or returned is not state.proceeded:
@@ -423,11 +430,32 @@ def _proceed(
     host: PipelineHost, state: CallState, dispatch: Dispatch, index: int
 ) -> ToolResult[Any]:
     """What a wrapper calls as `proceed()`: the rest of the chain, joined; never raises."""
-    if get_ident() == state.thread:
-        if not state.chain_open:
-            return _hook_failure(state, "around wrapper", "called proceed() after the call ended")
-        return _proceed_from(host, state, dispatch, index)
-    # On another thread: counted, so the chain's end waits for it (its body is this call's).
+    if get_ident() != state.thread:
+        return _proceed_elsewhere(host, state, dispatch, index)
+    if not state.chain_open:
+        return _late_proceed(state)
+    return _proceed_from(host, state, dispatch, index)
+
+
+def _proceed_to_body(host: PipelineHost, state: CallState, dispatch: Dispatch) -> ToolResult[Any]:
+    """`_proceed` for the innermost wrapper, one frame shorter: the body, joined."""
+    if get_ident() != state.thread:
+        return _proceed_elsewhere(host, state, dispatch, len(state.hooks.around))
+    if not state.chain_open:
+        return _late_proceed(state)
+    result = state.proceeded = _body(host, state, dispatch._token)
+    return result
+
+
+def _late_proceed(state: CallState) -> ToolResult[Any]:
+    return _hook_failure(state, "around wrapper", "called proceed() after the call ended")
+
+
+def _proceed_elsewhere(
+    host: PipelineHost, state: CallState, dispatch: Dispatch, index: int
+) -> ToolResult[Any]:
+    """`proceed()` on another thread: counted, so the chain's end waits for it (its body is
+    this call's)."""
     with PROCEEDS_LOCK:
         if not state.chain_open:
             refused = True
@@ -435,7 +463,7 @@ def _proceed(
             refused = False
             state.foreign_proceeds += 1
     if refused:
-        return _hook_failure(state, "around wrapper", "called proceed() after the call ended")
+        return _late_proceed(state)
     try:
         return _proceed_from(host, state, dispatch, index)
     finally:
@@ -446,12 +474,8 @@ def _proceed(
             drained.set()
 
 
-def _close_chain(state: CallState) -> None:
-    """The chain returned: refuse new `proceed()` calls, join those still running elsewhere."""
-    with PROCEEDS_LOCK:
-        state.chain_open = False
-        if state.foreign_proceeds == 0:
-            return
+def _join_foreign_proceeds(state: CallState) -> None:
+    """After the chain closed: wait for the `proceed()` calls still running on other threads."""
     drained = threading.Event()  # allocated outside the lock, and only when needed
     with PROCEEDS_LOCK:
         if state.foreign_proceeds == 0:
@@ -476,7 +500,8 @@ def _body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolRe
     if wrapper_token is not token:
         if not isinstance(wrapper_token, CancelToken):
             return _hook_failure(state, "around wrapper", "left a non-token in dispatch.token")
-        if wrapper_token._descends_from(token):
+        pending = wrapper_token._pending  # `_descends_from`'s first case, without the call
+        if (pending is not None and pending[0] is token) or wrapper_token._descends_from(token):
             token = wrapper_token  # a deadline below the call's token, say: nothing to fuse
         else:
             fused = CancelSource(token, wrapper_token)
@@ -542,9 +567,8 @@ def _success(
         message = f"cannot render a {type(value).__name__} result: {describe(exc)}"
         return _failure(call, _TOOL_ERROR, message, contexts, exc)
     result = make_result(call, True, content, value, None, contexts)
-    hooks = state.hooks
-    if not (hooks.around or hooks.post_execute):
-        state.own_result = result  # nobody else will see it before it is final
+    if state.hooks.results_unseen:
+        state.own_result = result  # no user code will see it before it is final
     return result
 
 

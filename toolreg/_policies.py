@@ -48,6 +48,10 @@ class TimeoutPolicy:
     has returned.
     """
 
+    # It hands on the result it got, or a new one, and keeps neither: the registry may finish
+    # a result in place rather than copy it (`HookSet.results_unseen`).
+    _keeps_no_result = True
+
     def __init__(self, code: str = "TOOL_TIMEOUT", *, default: float | None = None) -> None:
         if not isinstance(code, str) or not code:
             raise TypeError("code must be a non-empty str")
@@ -119,6 +123,9 @@ class RetryPolicy:
     It runs on the thread running the call, like `tenacity`'s `sleep=`; tests pass one that
     records the delays and returns at once.
     """
+
+    # It hands on the last attempt's result and keeps none (`HookSet.results_unseen`).
+    _keeps_no_result = True
 
     def __init__(
         self,
