@@ -92,7 +92,9 @@ class Dispatcher:
         overdue_after: float | None,
         name: str,
     ) -> None:
-        self._tools = tools
+        # `tools` and `submit` are plain attributes, not properties: each call reads both, and a
+        # property is a Python frame per read. Neither changes after this.
+        self.tools = tools
         self._hooks = hooks
         self._executor = executor
         self._owns_executor = owns_executor
@@ -115,8 +117,9 @@ class Dispatcher:
         self._foreign_inherited = False  # forked with a caller's executor: unusable
         self._foreign_threads: dict[int, int] = {}  # thread ident -> bodies it runs right now
         self._coroutines = CoroutineRunner(name)
-        # The pool's own hand-off, bound once: a body's hand-over is one call, no wrapper.
-        self._submit: Submit = (
+        # How bodies are handed to a worker: the pool's own hand-off, bound once (a body's
+        # hand-over is one call, no wrapper), or a Future on someone else's executor.
+        self.submit: Submit = (
             self._pool._hand_over if self._pool is not None else self._submit_foreign
         )
         _register(self)
@@ -199,15 +202,6 @@ class Dispatcher:
         self, make: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken
     ) -> Any:
         return self._coroutines.run(make, token)
-
-    @property
-    def tools(self) -> Catalogue:
-        return self._tools
-
-    @property
-    def submit(self) -> Submit:
-        """How bodies are handed to a worker (the pool's own hand-off, or a Future)."""
-        return self._submit
 
     def unstarted(self, call: ToolCall) -> tuple[ToolResult[Any], BaseException | None]:
         """The result of a batch or awaited call that never started: observed like any other."""

@@ -233,11 +233,16 @@ def _run_plain(host: PipelineHost, state: CallState) -> ToolResult[Any]:
             inline = state.inline or state.entry.runner is not None
             refused = run_body(state, ctx, None if inline else host.submit, state.interrupt)
         contexts = ctx._finish()
-        if ctx._started:  # `state.mark_body(ctx)`: the body's token is the call's own here
+        started = ctx._started
+        if started:  # `state.mark_body(ctx)`: the body's token is the call's own here
             state.dispatched_at = ctx._dispatched_at
             state.settled_at = ctx._settled_at
         if refused is not None:
             result = _failure(state.call, _TOOL_ERROR, refused, contexts)
+        elif started and ctx._error is None:  # `_body_result`'s usual case (never debug here)
+            state.dispatched = True
+            state.stage = _AFTER_BODY
+            result = _success(state, ctx._value, ctx._live_on_return, contexts)
         else:
             result = _body_result(state, ctx, contexts)
         live = not state.token.cancelled
