@@ -369,7 +369,8 @@ class CancelToken:
         """
         if not callable(callback):
             raise TypeError(f"on_cancel() needs a callable, got {type(callback).__name__}")
-        _materialize(self)
+        if self._pending is not None or self._due is not None:  # lazy: link it first
+            _materialize(self)
         listener = _Listener(self, callback)
         # Allocated before locking, if there was no dict when we looked (if another thread made
         # one meanwhile, `spare` goes unused).
