@@ -12,9 +12,18 @@ import time
 from typing import Any
 
 import pytest
-from _registry_helpers import WAIT, Caller
+from _registry_helpers import WAIT, Caller, counting_tool
 
-from toolreg import CancelSource, CancelToken, TimeoutReason, _cancel, deadline, timeout_of
+from toolreg import (
+    CancelSource,
+    CancelToken,
+    ErrorCode,
+    TimeoutReason,
+    ToolRegistry,
+    _cancel,
+    deadline,
+    timeout_of,
+)
 
 
 def test_a_lazy_child_inherits_the_parents_reason_and_moment() -> None:
@@ -183,3 +192,29 @@ def test_a_deadline_under_a_lazy_call_token_under_a_caller_reads_each_cause(caus
         assert _cancel.timed_out(budget) is (cause == "due")
         assert call_token.cancelled is (cause in ("caller", "call"))
         _cancel.close_token(budget)
+
+
+@pytest.mark.parametrize("cause", ["parent cancelled", "due time passed"])
+@pytest.mark.parametrize("start_if_cancelled", [False, True], ids=["model", "direct"])
+def test_a_lazy_caller_token_cancelled_before_the_call_is_read_as_cancelled_at_entry(
+    registry: ToolRegistry, cause: str, start_if_cancelled: bool
+) -> None:
+    """The entry reads a lazy caller token through its parents and due time. Cancelled by
+    either, it is a pre-cancelled entry: a model-driven call starts nothing; a direct one still
+    starts its body, to clean up, since no recheck applies to a call that entered cancelled."""
+    starts = counting_tool(registry)
+    parent = CancelSource()
+    with _cancel.manual_clock() as clock:
+        if cause == "parent cancelled":
+            caller = CancelSource(parent.token).token
+            parent.cancel("stop")
+        else:
+            caller = deadline(parent.token, 5.0).token
+            clock.advance(5.0)
+        assert caller._pending is not None  # white-box: still lazy, so the entry resolves it
+        result = registry.execute("work", token=caller, start_if_cancelled=start_if_cancelled)
+    if start_if_cancelled:
+        assert result.dispatched and len(starts) == 1
+    else:
+        assert result.code == ErrorCode.ABORTED_BEFORE_DISPATCH
+        assert starts == []

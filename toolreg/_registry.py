@@ -329,7 +329,12 @@ class ToolRegistry:
         signal handler raised meanwhile) once the call has settled and been observed.
         """
         call, owned = owned_call(call_or_name, arguments)  # a name: made and owned here
-        caller = _NEVER if token is None else as_token(token)
+        if token is None:  # `as_token`, its usual cases inline: each call comes through here
+            caller = _NEVER
+        elif type(token) is CancelToken:
+            caller = token
+        else:
+            caller = as_token(token)
         mode = _DIRECT if start_if_cancelled else _DIRECT_MODEL
         sink = None if progress is None else progress_sink(progress)
         result, interrupted = self._dispatcher.run(call, caller, mode, sink, owns_call=owned)
