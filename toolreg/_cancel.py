@@ -44,13 +44,11 @@ import functools
 import itertools
 import threading
 import time
-from _weakref import ref as _weak_ref  # `weakref.ref`, without loading `weakref`
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
-    import weakref
-
     from typing_extensions import Self
 
 from . import _validate
@@ -512,7 +510,7 @@ class CancelToken:
         return children, listeners
 
     def _link_to(self, parents: tuple[CancelToken, ...]) -> None:
-        ref = _weak_ref(self)
+        ref = weakref.ref(self)
         if len(parents) == 1:
             links = [] if parents[0] is _NEVER else [(parents[0], ref)]
         else:
