@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from toolreg import ErrorCode, ToolContext, ToolRegistry, ToolResult
+from toolreg import CancelSource, ErrorCode, ToolContext, ToolRegistry, ToolResult, deadline
 
 WAIT = 10.0  # seconds any handshake may take before the test fails
 
@@ -133,6 +133,35 @@ class Journal:
     def __call__(self, entry: Any) -> None:
         with self._lock:
             self.entries.append(entry)
+
+
+def fired_by_timer(callback: Callable[[], object], seconds: float = 0.001) -> CancelSource:
+    """A fresh deadline with `callback` registered before it came due: its timer fires it,
+    and `callback` runs on a callback thread, never in this one.
+
+    `on_cancel` on a token that is already cancelled runs the callback at once, in the thread
+    that registers it, and under load that thread can be held up past a short deadline's due
+    time: a callback meant to block (or raise) on a callback thread would block (or raise) in
+    the test itself. A registration that came late is caught (the callback is skipped there)
+    and made again on a fresh deadline twice as long.
+    """
+    here = threading.get_ident()
+    late = False
+
+    def on_callback_thread() -> None:
+        nonlocal late
+        if threading.get_ident() == here:  # run inline by on_cancel: registered too late
+            late = True
+        else:
+            callback()
+
+    while True:
+        budget = deadline(None, seconds)
+        budget.token.on_cancel(on_callback_thread)
+        if not late:
+            return budget
+        late = False
+        seconds *= 2
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT) -> None:

@@ -47,7 +47,7 @@ def _token_config(token: CancelToken) -> RunnableConfig:
 
 
 def test_the_public_names_are_pinned() -> None:
-    assert module.__all__ == ['TOKEN_KEY', 'as_langchain_tools', 'from_langchain']
+    assert module.__all__ == ["TOKEN_KEY", "as_langchain_tools", "from_langchain"]
 
 
 # -- registry tools in a LangChain tool-calling loop ---------------------------------------------

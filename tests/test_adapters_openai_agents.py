@@ -28,7 +28,7 @@ NO_TRACING = RunConfig(tracing_disabled=True)
 
 
 def test_the_public_names_are_pinned() -> None:
-    assert module.__all__ == ['AgentToolset']
+    assert module.__all__ == ["AgentToolset"]
 
 
 def _agent(tools: Sequence[FunctionTool], steps: list[Any]) -> tuple[Agent[Any], ScriptedModel]:

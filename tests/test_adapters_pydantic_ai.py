@@ -36,7 +36,7 @@ from toolreg.adapters.pydantic_ai import RegistryToolset
 
 
 def test_the_public_names_are_pinned() -> None:
-    assert module.__all__ == ['RegistryToolset']
+    assert module.__all__ == ["RegistryToolset"]
 
 
 def _returns(messages: list[ModelMessage]) -> dict[str, tuple[str, Any]]:

@@ -48,7 +48,7 @@ def test_interleaved_rotates_the_order_every_round_with_the_gc_off() -> None:
         return measure
 
     rounds = interleaved({"x": variant("x"), "y": variant("y"), "z": variant("z")}, 3)
-    assert [name for name, _ in seen] == list("xyz" "yzx" "zxy")
+    assert [name for name, _ in seen] == list("xyzyzxzxy")
     assert not any(enabled for _, enabled in seen)
     assert rounds.samples == {"x": [1.0] * 3, "y": [1.0] * 3, "z": [1.0] * 3}
 

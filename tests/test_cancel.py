@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import pytest
+from _registry_helpers import fired_by_timer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -811,8 +812,7 @@ def test_callback_can_wait_for_a_token_another_thread_cancels() -> None:
 def test_deadline_callback_can_schedule_another_deadline() -> None:
     fired: list[CancelSource] = []
     scheduled = threading.Event()
-    first = deadline(None, 0.01)
-    first.token.on_cancel(lambda: (fired.append(deadline(None, 0.01)), scheduled.set()))
+    fired_by_timer(lambda: (fired.append(deadline(None, 0.01)), scheduled.set()), 0.01)
     assert scheduled.wait(WAIT)
     assert fired[0].token.wait(WAIT)
     assert fired[0].timed_out
@@ -1036,9 +1036,8 @@ def test_deadline_callbacks_run_on_a_callback_thread_never_on_the_timer() -> Non
         if len(names) == 20:
             all_ran.set()
 
-    deadlines = [deadline(None, 0.01 + index / 1000) for index in range(20)]
-    for budget in deadlines:
-        budget.token.on_cancel(record)
+    for index in range(20):
+        fired_by_timer(record, 0.01 + index / 1000)
     assert all_ran.wait(WAIT)
     assert names == ["toolreg-callbacks"] * 20
 
@@ -1062,8 +1061,7 @@ def test_raising_deadline_callback_does_not_kill_the_timer(
     def boom() -> None:
         raise exc_type("from a deadline callback")
 
-    first = deadline(None, 0.01)
-    first.token.on_cancel(boom)
+    first = fired_by_timer(boom, 0.01)  # on the callback thread, never raised in this one
     assert first.token.wait(WAIT)
     later = deadline(None, 0.01)
     assert later.token.wait(WAIT)
@@ -1426,7 +1424,8 @@ def test_cancel_between_two_registrations_runs_the_earlier_callbacks_in_the_canc
     between.resume.set()
     thread.join(WAIT)
     assert calls == [(index, canceller) for index in range(4)] + [
-        (index, registrar[0]) for index in range(4, 8)  # registered late: run inline, once each
+        (index, registrar[0])
+        for index in range(4, 8)  # registered late: run inline, once each
     ]
 
 

@@ -229,9 +229,7 @@ def test_on_tools_changed_runs_on_the_registering_thread_after_each_change() -> 
     seen: list[tuple[list[str], int | None]] = []
     try:
         registration = registry.on_tools_changed(
-            lambda: seen.append(
-                ([t.name for t in registry.catalog().tools], threading.get_ident())
-            )
+            lambda: seen.append(([t.name for t in registry.catalog().tools], threading.get_ident()))
         )
         added = registry.register(Tool("a", echo))
         added.remove()

@@ -8,11 +8,10 @@ fields are marked as such.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
-from _registry_helpers import WAIT, Caller, counting_tool
+from _registry_helpers import WAIT, Caller, counting_tool, fired_by_timer
 
 from toolreg import (
     CancelSource,
@@ -35,50 +34,59 @@ def test_a_lazy_child_inherits_the_parents_reason_and_moment() -> None:
     assert child.token._cancelled_at == parent.token._cancelled_at  # white-box
 
 
+# Due times here run on the manual clock: a real one would let a thread held up under load
+# read a deadline after its due time where the test means before it.
+
+
 def test_a_lazy_deadline_reads_as_timed_out_after_its_due_time_without_a_timer() -> None:
-    budget = deadline(None, 0.01, code="TOOL_TIMEOUT")
-    due = time.monotonic() + 0.01
-    assert budget.token._timer is None  # white-box: nothing armed
-    pause = threading.Event()
-    while time.monotonic() < due:
-        assert not budget.token.cancelled
-        pause.wait(0.002)
-    assert budget.token.cancelled and budget.timed_out
-    assert budget.token.reason == TimeoutReason("TOOL_TIMEOUT", 0.01)
-    assert budget.token._timer is None  # white-box: still never armed
-    assert timeout_of(budget.token, "TOOL_TIMEOUT") is not None
+    with _cancel.manual_clock() as clock:
+        budget = deadline(None, 0.01, code="TOOL_TIMEOUT")
+        assert budget.token._timer is None  # white-box: nothing armed
+        for _ in range(9):
+            clock.advance(0.001)
+            assert not budget.token.cancelled
+        clock.advance(0.001)
+        assert budget.token.cancelled and budget.timed_out
+        assert budget.token.reason == TimeoutReason("TOOL_TIMEOUT", 0.01)
+        assert budget.token._timer is None  # white-box: still never armed
+        assert timeout_of(budget.token, "TOOL_TIMEOUT") is not None
 
 
 def test_a_deadline_closed_before_its_due_time_never_times_out() -> None:
-    budget = deadline(None, 0.01)
-    budget.close()
-    assert not budget.token.wait(0.03)
-    assert not budget.timed_out and not budget.token.cancelled
+    with _cancel.manual_clock() as clock:
+        budget = deadline(None, 0.01)
+        budget.close()
+        clock.advance(0.03)
+        assert not budget.token.wait(0)
+        assert not budget.timed_out and not budget.token.cancelled
 
 
 def test_a_deadline_closed_after_its_due_time_has_timed_out() -> None:
-    budget = deadline(None, 0.001)
-    threading.Event().wait(0.005)
-    budget.close()
-    assert budget.timed_out and budget.token.cancelled
+    with _cancel.manual_clock() as clock:
+        budget = deadline(None, 0.001)
+        clock.advance(0.005)
+        budget.close()
+        assert budget.timed_out and budget.token.cancelled
 
 
 def test_the_parent_wins_when_it_was_cancelled_before_the_due_time() -> None:
-    parent = CancelSource()
-    budget = deadline(parent.token, 0.005)
-    parent.cancel("caller")
-    threading.Event().wait(0.01)  # read only after the due time: the order is what counts
-    assert budget.token.reason == "caller"
-    assert not budget.timed_out
+    with _cancel.manual_clock() as clock:
+        parent = CancelSource()
+        budget = deadline(parent.token, 0.005)
+        parent.cancel("caller")
+        clock.advance(0.01)  # read only after the due time: the order is what counts
+        assert budget.token.reason == "caller"
+        assert not budget.timed_out
 
 
 def test_the_timer_wins_when_the_parent_was_cancelled_after_the_due_time() -> None:
-    parent = CancelSource()
-    budget = deadline(parent.token, 0.002)
-    threading.Event().wait(0.01)
-    parent.cancel("caller, late")
-    assert budget.timed_out
-    assert budget.token.reason == TimeoutReason("TIMEOUT", 0.002)
+    with _cancel.manual_clock() as clock:
+        parent = CancelSource()
+        budget = deadline(parent.token, 0.002)
+        clock.advance(0.01)
+        parent.cancel("caller, late")
+        assert budget.timed_out
+        assert budget.token.reason == TimeoutReason("TIMEOUT", 0.002)
 
 
 def test_the_earliest_of_several_lazy_parents_is_the_cause() -> None:
@@ -101,11 +109,14 @@ def test_a_callback_on_a_lazy_token_whose_parent_was_cancelled_runs_at_once() ->
 
 
 def test_a_callback_makes_a_lazy_deadline_fire_from_the_timer() -> None:
-    budget = deadline(None, 0.01)
     names: list[str] = []
     done = threading.Event()
-    budget.token.on_cancel(lambda: (names.append(threading.current_thread().name), done.set()))
-    assert budget.token._timer is not None  # white-box: the listener armed it
+    # Registered before its due time (`fired_by_timer`), so no read resolves it: only the
+    # timer can have fired it, and the callback runs on a callback thread.
+    budget = fired_by_timer(
+        lambda: (names.append(threading.current_thread().name), done.set()), 0.01
+    )
+    assert budget.token._timer is not None or budget.token.cancelled  # white-box: armed
     assert done.wait(WAIT)
     assert names == ["toolreg-callbacks"] and budget.timed_out  # fired by the timer thread
 

@@ -266,7 +266,7 @@ def test_sigkill_reaches_the_group_after_the_leader_died(
 ) -> None:
     # The leader dies of SIGTERM; a grandchild ignoring it keeps stdout open until SIGKILL.
     pids = tmp_path / "pids"
-    script = f"sh -c '{GRANDCHILD}' sh \"$1\" \"$2\" & wait"
+    script = f'sh -c \'{GRANDCHILD}\' sh "$1" "$2" & wait'
     source = CancelSource()
     fifo.on_line(cancel_on_line(source))
     result = run(sh(script, fifo.path, str(pids)), token=source.token, grace=0.3)
@@ -283,7 +283,7 @@ def test_grace_ends_once_the_leader_exited_and_the_pipes_closed(
 ) -> None:
     # Nothing is left to wait for, so the sweeping SIGKILL comes at once, not after 30 s.
     pids = tmp_path / "pids"
-    script = f"sh -c '{GRANDCHILD} >/dev/null 2>&1' sh \"$1\" \"$2\" & wait"
+    script = f'sh -c \'{GRANDCHILD} >/dev/null 2>&1\' sh "$1" "$2" & wait'
     source = CancelSource()
     fifo.on_line(cancel_on_line(source))
     result = run(sh(script, fifo.path, str(pids)), token=source.token, grace=30)
@@ -310,7 +310,7 @@ def test_process_outside_the_group_cannot_block_run(tmp_path: Path, reaper: Reap
     # An escapee (new session) keeps stdout open forever; run closes the pipe after SIGKILL.
     pid_file = tmp_path / "pid"
     escapee = 'echo $$ > "$1.tmp"; mv "$1.tmp" "$1"; exec sleep 30'
-    script = f"setsid sh -c '{escapee}' sh \"$1\" & until [ -s \"$1\" ]; do sleep 0.01; done"
+    script = f'setsid sh -c \'{escapee}\' sh "$1" & until [ -s "$1" ]; do sleep 0.01; done'
     result = run(sh(script, str(pid_file)), token=NEVER, grace=0.2)
     assert result.returncode == 0
     assert 0.2 <= result.duration < 5
@@ -504,7 +504,7 @@ def test_cancel_then_timeout_reports_only_cancelled(fifo: Fifo) -> None:
 def test_timeout_then_cancel_reports_only_timed_out(fifo: Fifo, reaper: Reaper) -> None:
     # The SIGTERM trap tells the test, which cancels during the grace period; the second sleep
     # never got SIGTERM, so only SIGKILL ends the group. (`reaper` collects the sleeps.)
-    script = 'trap \'echo term > "$1"\' TERM; sleep 30 & wait; sleep 30 & wait'
+    script = "trap 'echo term > \"$1\"' TERM; sleep 30 & wait; sleep 30 & wait"
     source = CancelSource()
     fifo.on_line(cancel_on_line(source))
     result = run(sh(script, fifo.path), token=source.token, timeout=0.3, grace=0.3)

@@ -202,6 +202,7 @@ def test_report_progress_after_the_body_settled_raises() -> None:
 
 def test_without_a_callback_progress_is_accepted_and_dropped() -> None:
     with open_registry() as registry:
+
         @registry.tool
         def work(args: Args, ctx: ToolContext) -> str:
             ctx.report_progress(1, 2, "x")

@@ -158,8 +158,13 @@ def canceller(jobs: queue.Queue[Any], ledger: Ledger) -> None:
 
 
 def caller_loop(
-    registry: ToolRegistry, ledger: Ledger, jobs: queue.Queue[Any], seed: int, index: int,
-    session: CancelToken, calls: int | None,
+    registry: ToolRegistry,
+    ledger: Ledger,
+    jobs: queue.Queue[Any],
+    seed: int,
+    index: int,
+    session: CancelToken,
+    calls: int | None,
 ) -> list[str]:
     """Make `calls` calls (or calls until the registry is closed), checking each result."""
     rng = random.Random(seed * 1_000 + index)
@@ -169,8 +174,13 @@ def caller_loop(
         mode = rng.choice(MODES)
         deny = rng.random() < 0.03
         scope = rng.random() < 0.2
-        arguments = {"mode": mode, "n": n, "pause": rng.choice((0.0, 0.0002, 0.001)),
-                     "deny": deny, "scope": scope}
+        arguments = {
+            "mode": mode,
+            "n": n,
+            "pause": rng.choice((0.0, 0.0002, 0.001)),
+            "deny": deny,
+            "scope": scope,
+        }
         source = CancelSource(session)
         plan = rng.random()
         start_if_cancelled = True
@@ -182,8 +192,11 @@ def caller_loop(
             target = "scope" if scope and rng.random() < 0.5 else "caller"
             jobs.put((time.monotonic() + rng.random() * 0.002, call_id, source, target))
         try:
-            result = registry.execute(ToolCall("work", arguments, call_id=call_id),
-                                      token=source.token, start_if_cancelled=start_if_cancelled)
+            result = registry.execute(
+                ToolCall("work", arguments, call_id=call_id),
+                token=source.token,
+                start_if_cancelled=start_if_cancelled,
+            )
         except RuntimeError:
             assert ledger.closing, f"seed={seed}: execute raised RuntimeError while open"
             source.close()
@@ -251,14 +264,18 @@ def run_stress(calls_per_thread: int) -> None:
             rounds += 1
         return rounds
 
-    cancellers = [Caller(lambda: canceller(jobs, ledger), name=f"canceller-{i}")
-                  for i in range(CANCELLERS)]
+    cancellers = [
+        Caller(lambda: canceller(jobs, ledger), name=f"canceller-{i}") for i in range(CANCELLERS)
+    ]
     churner = Caller(churn, name="hook-churn")
     try:
         callers = [
-            Caller(lambda i=i: caller_loop(  # type: ignore[misc]
-                registry, ledger, jobs, seed, i, sessions[i].token, calls_per_thread),
-                name=f"stress-caller-{i}")
+            Caller(
+                lambda i=i: caller_loop(  # type: ignore[misc]
+                    registry, ledger, jobs, seed, i, sessions[i].token, calls_per_thread
+                ),
+                name=f"stress-caller-{i}",
+            )
             for i in range(THREADS)
         ]
         before_dispatch = [call_id for c in callers for call_id in c.join(timeout=120)]
@@ -294,13 +311,17 @@ def test_close_under_load_cancels_in_flight_calls_and_waits_for_every_body() -> 
     jobs: queue.Queue[Any] = queue.Queue()
     registry = build_registry(ledger)
     sessions = [CancelSource() for _ in range(THREADS)]
-    cancellers = [Caller(lambda: canceller(jobs, ledger), name=f"canceller-{i}")
-                  for i in range(CANCELLERS)]
+    cancellers = [
+        Caller(lambda: canceller(jobs, ledger), name=f"canceller-{i}") for i in range(CANCELLERS)
+    ]
     try:
         callers = [
-            Caller(lambda i=i: caller_loop(  # type: ignore[misc]
-                registry, ledger, jobs, seed, i, sessions[i].token, None),
-                name=f"stress-caller-{i}")
+            Caller(
+                lambda i=i: caller_loop(  # type: ignore[misc]
+                    registry, ledger, jobs, seed, i, sessions[i].token, None
+                ),
+                name=f"stress-caller-{i}",
+            )
             for i in range(THREADS)
         ]
         wait_until(lambda: len(ledger.observed) >= CALLS_BEFORE_CLOSE, "calls to pile up")

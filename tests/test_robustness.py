@@ -39,6 +39,7 @@ from _registry_helpers import (
     Gate,
     Journal,
     Observed,
+    fired_by_timer,
     open_registry,
     wait_until,
     wait_until_main_thread_blocks,
@@ -77,16 +78,51 @@ Proceed = Callable[[], ToolResult[Any]]
 
 
 def run_python(source: str, timeout: float = SUBPROCESS_WAIT) -> subprocess.CompletedProcess[str]:
-    """Run `source` in a fresh interpreter; fail (not hang) if it runs for `timeout` seconds."""
+    """Run `source` in a fresh interpreter; fail (not hang) if it runs for `timeout` seconds.
+
+    A child that hangs is sent SIGABRT, which its fault handler (`-X faulthandler`: no thread,
+    no file) answers with every thread's traceback: the failure shows where it hung.
+    """
+    argv = [sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(source)]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGABRT)
+            try:
+                stdout, stderr = child.communicate(timeout=WAIT)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                stdout, stderr = child.communicate()
+            pytest.fail(
+                f"the child interpreter hung for {timeout}s; stdout: {stdout!r}\n"
+                f"its threads, as SIGABRT found them:\n{stderr}"
+            )
+    return subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
+
+
+def test_a_hung_child_interpreter_fails_with_its_threads_tracebacks() -> None:
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run_python("import threading; threading.Event().wait()", timeout=1.0)
+    assert "hung for 1.0s" in str(failed.value)
+    assert "most recent call first" in str(failed.value)  # the fault handler's traceback
+
+
+def test_fired_by_timer_never_runs_the_callback_in_the_registering_thread() -> None:
+    entered, release = threading.Event(), threading.Event()
+    names: list[str] = []
+
+    def block() -> None:
+        names.append(threading.current_thread().name)
+        entered.set()
+        release.wait(WAIT)
+
+    fired_by_timer(block, 1e-9)  # due a nanosecond after it is made: the first tries are late
     try:
-        return subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(source)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the child interpreter hung for {timeout}s; stdout: {exc.stdout!r}")
+        assert entered.wait(WAIT)
+    finally:
+        release.set()
+    assert names == ["toolreg-callbacks"]
 
 
 @pytest.fixture
@@ -1178,12 +1214,10 @@ def test_a_slow_deadline_callback_does_not_delay_other_deadlines_or_their_callba
     entered, release = threading.Event(), threading.Event()
     other_ran = threading.Event()
     names: list[str] = []
-    slow = deadline(None, 0.001)
-    slow.token.on_cancel(lambda: (entered.set(), release.wait(WAIT)))
+    fired_by_timer(lambda: (entered.set(), release.wait(WAIT)))
     try:
         assert entered.wait(WAIT)  # a callback thread is blocked in the slow callback
-        other = deadline(None, 0.001)
-        other.token.on_cancel(
+        other = fired_by_timer(
             lambda: (names.append(threading.current_thread().name), other_ran.set())
         )
         assert other.token.wait(WAIT) and other.timed_out  # fired while the slow one blocks
@@ -1243,24 +1277,26 @@ def test_a_job_that_raises_is_logged_and_the_workers_go_on(
 
 
 def test_callback_threads_never_keep_the_interpreter_alive_and_survive_fork() -> None:
+    # `fired_by_timer`: a callback registered after its deadline came due would run (and
+    # block) in the main thread itself, under load.
     result = run_python(
-        """
+        f"""
         import os, select, sys, threading, time, warnings
-        from toolreg import deadline
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from _registry_helpers import fired_by_timer
+
+        def ran_on_a_callback_thread():
+            ran, names = threading.Event(), []
+            fired_by_timer(lambda: (names.append(threading.current_thread().name), ran.set()))
+            return ran.wait(10) and names == ["toolreg-callbacks"]
 
         # In a forked child, deadlines fire and their callbacks run on fresh threads.
-        first = deadline(None, 0.001)
-        ran = threading.Event()
-        first.token.on_cancel(ran.set)
-        assert ran.wait(10)
+        assert ran_on_a_callback_thread()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork with threads
             pid = os.fork()
         if pid == 0:
-            child_ran = threading.Event()
-            budget = deadline(None, 0.001)
-            budget.token.on_cancel(child_ran.set)
-            os._exit(0 if child_ran.wait(10) else 1)
+            os._exit(0 if ran_on_a_callback_thread() else 1)
         pidfd = os.pidfd_open(pid)  # readable once the child has exited
         exited = select.select([pidfd], [], [], 15)[0]
         os.close(pidfd)
@@ -1270,9 +1306,8 @@ def test_callback_threads_never_keep_the_interpreter_alive_and_survive_fork() ->
         print("child", os.waitstatus_to_exitcode(status) if exited else "hung", flush=True)
 
         # A callback that blocks forever does not keep the interpreter from exiting.
-        stuck = deadline(None, 0.001)
         entered = threading.Event()
-        stuck.token.on_cancel(lambda: (entered.set(), threading.Event().wait()))
+        fired_by_timer(lambda: (entered.set(), threading.Event().wait()))
         assert entered.wait(10)
         print("exiting", flush=True)
         """,
