@@ -50,6 +50,9 @@ NOT_LOADED = (
     "toolreg._dispatch",  # with the pipeline: loaded by the first ToolRegistry
     "toolreg._pipeline",
     "toolreg._batch",  # loaded by the first batch
+    "heapq",  # with the first deadline armed
+    "math",  # finite checks compare with infinity instead
+    "weakref",  # `_weakref.ref` serves the tokens, the timer and the after-fork hooks
 )
 
 

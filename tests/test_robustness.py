@@ -188,6 +188,35 @@ def test_forked_child_can_use_an_inherited_registry() -> None:
     assert result.stdout.split("\n")[:2] == ["child: 0", "parent: 3"], result
 
 
+def test_an_after_fork_hook_runs_in_the_child_only_while_its_object_lives() -> None:
+    # The hook holds its object weakly: registered for the life of the process, it must not
+    # keep the object alive, and once the object is gone it does nothing.
+    result = run_python(
+        _FORK_PRELUDE
+        + """
+    import gc
+    from toolreg._jobs import after_fork_in_child
+
+    class Owner:
+        def __init__(self, label):
+            self.label = label
+        def after_fork(self):
+            print("ran", self.label, flush=True)
+
+    kept, dropped = Owner("kept"), Owner("dropped")
+    after_fork_in_child(kept.after_fork)
+    after_fork_in_child(dropped.after_fork)
+    del dropped
+    gc.collect()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    print("child:", wait_for_child(pid), flush=True)
+    """
+    )
+    assert result.stdout.split("\n")[:2] == ["ran kept", "child: 0"], result
+
+
 def test_forked_child_gets_a_clear_error_at_once_from_a_user_executor() -> None:
     result = run_python(
         _FORK_PRELUDE

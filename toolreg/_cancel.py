@@ -44,11 +44,13 @@ import functools
 import itertools
 import threading
 import time
-import weakref
+from _weakref import ref as _weak_ref  # `weakref.ref`, without loading `weakref`
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
+    import weakref
+
     from typing_extensions import Self
 
 from . import _validate
@@ -510,7 +512,7 @@ class CancelToken:
         return children, listeners
 
     def _link_to(self, parents: tuple[CancelToken, ...]) -> None:
-        ref = weakref.ref(self)
+        ref = _weak_ref(self)
         if len(parents) == 1:
             links = [] if parents[0] is _NEVER else [(parents[0], ref)]
         else:

@@ -24,8 +24,10 @@ import collections
 import os
 import threading
 import time
-import weakref
+from _weakref import ref as _weak_ref  # `weakref.ref`, without loading `weakref`
 from collections.abc import Callable
+from types import MethodType
+from typing import Any
 
 from ._logger import logger
 
@@ -176,13 +178,14 @@ def after_fork_in_child(method: Callable[[], None]) -> None:
     """Call the bound `method` in a forked child, unless its object was collected by then.
 
     Registered for the life of the process (`os.register_at_fork` has no undo), so it holds the
-    object weakly.
+    object weakly (what `weakref.WeakMethod` does, without loading `weakref` at import).
     """
-    weak = weakref.WeakMethod(method)
-    os.register_at_fork(after_in_child=lambda: _call_if_alive(weak))
+    assert isinstance(method, MethodType), "a bound method"
+    owner, function = _weak_ref(method.__self__), method.__func__
+    os.register_at_fork(after_in_child=lambda: _call_if_alive(owner, function))
 
 
-def _call_if_alive(method: weakref.WeakMethod[Callable[[], None]]) -> None:
-    bound = method()
-    if bound is not None:
-        bound()
+def _call_if_alive(owner: Callable[[], object], function: Callable[[Any], object]) -> None:
+    target = owner()
+    if target is not None:
+        function(target)

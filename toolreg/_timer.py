@@ -16,12 +16,13 @@ Tests use it to fire deadlines exactly when they mean to.
 
 from __future__ import annotations
 
-import heapq
+import functools
 import itertools
 import threading
 import time
-import weakref
+from _weakref import ref as _weak_ref  # `weakref.ref`, without loading `weakref`
 from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ._interrupts import MAX_WAIT
@@ -29,6 +30,8 @@ from ._jobs import after_fork_in_child
 from ._logger import logger
 
 if TYPE_CHECKING:
+    import weakref
+
     from typing_extensions import Self
 
 __all__ = ["ManualClock", "Timer", "TimerEntry"]
@@ -37,7 +40,15 @@ __all__ = ["ManualClock", "Timer", "TimerEntry"]
 _next_key = itertools.count().__next__  # tie-breaker for equal due times; atomic under the GIL
 
 
-class TimerEntry(weakref.ref):  # type: ignore[type-arg]
+@functools.cache
+def _heapq() -> ModuleType:
+    # Loaded with the first deadline armed, not by `import toolreg` (an extension module).
+    import heapq
+
+    return heapq
+
+
+class TimerEntry(_weak_ref):  # type: ignore[type-arg]
     """A scheduled deadline; holds its token weakly so a dropped source can be collected."""
 
     __slots__ = ("dead", "due", "reason", "timer")
@@ -47,7 +58,7 @@ class TimerEntry(weakref.ref):  # type: ignore[type-arg]
     timer: Timer
 
     def __new__(cls, token: Any, reason: Any, timer: Timer, due: float) -> Self:
-        self = weakref.ref.__new__(cls, token, TimerEntry._died)
+        self = _weak_ref.__new__(cls, token, TimerEntry._died)
         self.reason = reason
         self.timer = timer
         self.due = due
@@ -142,6 +153,7 @@ class Timer:
         """Fire `token` at `due` (on this timer's clock); its entry, which `disarm()` cancels."""
         entry = TimerEntry(token, reason, self, due)
         item = (due, _next_key(), entry)
+        heapq = _heapq()  # before the lock: the first call imports
         with self._cond:
             heap = self._heap
             if self.dead_count > 64 and self.dead_count * 2 > len(heap):
@@ -176,10 +188,14 @@ class Timer:
 
     def _pop_due(self) -> TimerEntry | None:
         heap = self._heap
+        if not heap:
+            return None
+        heapq = _heapq()  # loaded already: something was scheduled
         while heap and heap[0][2].dead:
             heapq.heappop(heap)
         if heap and heap[0][0] <= self._clock():
-            return heapq.heappop(heap)[2]
+            due: TimerEntry = heapq.heappop(heap)[2]
+            return due
         return None
 
     def _next_due(self) -> TimerEntry:
@@ -223,4 +239,4 @@ def _drop_dead(heap: list[tuple[float, int, TimerEntry]]) -> None:
             heap[kept] = heap[index]
             kept += 1
     del heap[kept:]
-    heapq.heapify(heap)
+    _heapq().heapify(heap)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -15,6 +14,7 @@ if TYPE_CHECKING:
 from . import _validate
 from ._record import record
 from ._text import safe_repr, type_name
+from ._validate import INFINITY
 
 __all__ = ["FrozenDict", "Tool", "thaw"]
 
@@ -364,7 +364,7 @@ def _freeze(value: object, depth: int, active: set[int]) -> object:
     if kind is str or kind is int or kind is bool or value is None:  # the common case first
         return value
     if kind is float:
-        if math.isfinite(value):  # type: ignore[arg-type]
+        if -INFINITY < value < INFINITY:  # type: ignore[operator]  # finite (NaN compares false)
             return value
         raise InvalidArguments(f"{value!r} is not JSON (no NaN or infinity)")
     # Subclasses: the plain value they hold, so no custom __eq__, __hash__ or __str__ reaches
@@ -375,7 +375,7 @@ def _freeze(value: object, depth: int, active: set[int]) -> object:
         return int.__int__(value)
     if isinstance(value, float):
         plain = float.__float__(value)
-        if math.isfinite(plain):
+        if -INFINITY < plain < INFINITY:
             return plain
         raise InvalidArguments(f"{plain!r} is not JSON (no NaN or infinity)")
     if isinstance(value, Mapping):

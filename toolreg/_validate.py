@@ -15,13 +15,16 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._cancel import CancelToken
 
-__all__ = ["real", "seconds", "token"]
+__all__ = ["INFINITY", "real", "seconds", "token"]
+
+# Finite means `-INFINITY < x < INFINITY` for a float (NaN compares false): `math.isfinite`
+# without loading `math`, an extension module, at `import toolreg`.
+INFINITY = float("inf")
 
 
 def seconds(value: object, what: str, *, allow_zero: bool = False, unlimited: str = "") -> float:
@@ -33,10 +36,10 @@ def seconds(value: object, what: str, *, allow_zero: bool = False, unlimited: st
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
     number = _float(value)
-    if math.isfinite(number) and (number > 0 or (allow_zero and number == 0)):
+    if -INFINITY < number < INFINITY and (number > 0 or (allow_zero and number == 0)):
         return number
     least = "zero or more" if allow_zero else "more than zero"
-    hint = f" ({unlimited})" if unlimited and number == math.inf else ""
+    hint = f" ({unlimited})" if unlimited and number == INFINITY else ""
     raise ValueError(
         f"{what} must be a finite number of seconds, {least}; got {_shown(value)}{hint}"
     )
@@ -46,7 +49,7 @@ def real(value: object, what: str) -> None:
     """Nothing if `value` is a finite real number, else the `TypeError`/`ValueError` saying why."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a real number, got {type(value).__name__}")
-    if not math.isfinite(_float(value)):
+    if not -INFINITY < _float(value) < INFINITY:
         raise ValueError(f"{what} must be finite, got {_shown(value)}")
 
 
@@ -64,7 +67,7 @@ def _float(value: float) -> float:
     try:
         return float(value)
     except OverflowError:  # an int beyond the float range: as unusable as infinity
-        return math.inf
+        return INFINITY
 
 
 def _shown(value: float) -> str:
