@@ -6,6 +6,7 @@ A.1: the caller joins the body itself, never the executor's future, and never ca
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -253,6 +254,9 @@ class TimingOutWake:
     def release(self) -> None:
         self.lock.release()
 
+    def locked(self) -> bool:  # a hand-off asks whether the worker has woken yet
+        return bool(self.lock.locked())
+
 
 def test_a_hand_off_as_an_idle_workers_wait_times_out_leaves_its_wake_lock_usable() -> None:
     # The hand-off released the wake lock of a worker whose wait had just timed out: the worker
@@ -281,6 +285,128 @@ def test_a_hand_off_as_an_idle_workers_wait_times_out_leaves_its_wake_lock_usabl
         for event in wake[0].go_on if wake else []:
             event.set()
         pool.shutdown(wait=True)
+
+
+class HeldWake:
+    """A worker's wake lock whose first blocking wait holds on `go_on` before it takes the real
+    lock: a hand-off releases it, and the worker has not woken yet (`locked()` is False).
+    `locked_answers` scripts what `locked()` says first (then it tells the truth)."""
+
+    def __init__(self, lock: Any, locked_answers: tuple[bool, ...] = ()) -> None:
+        self.lock = lock
+        self.held = False
+        self.sleeping, self.go_on = threading.Event(), threading.Event()
+        self.locked_answers = list(locked_answers)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if blocking and not self.held:
+            self.held = True
+            self.sleeping.set()
+            assert self.go_on.wait(WAIT)
+        return bool(self.lock.acquire(blocking, timeout))
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def locked(self) -> bool:
+        if self.locked_answers:
+            return self.locked_answers.pop(0)
+        return bool(self.lock.locked())
+
+
+def pool_with_a_held_wake(locked_answers: tuple[bool, ...] = ()) -> tuple[WorkerPool, HeldWake]:
+    """A pool of two idle workers; the one handed the next item wakes only on `go_on`."""
+    pool = WorkerPool(2, "test-held-wake")
+    barrier = threading.Barrier(3)
+    started = [pool.submit(barrier.wait, WAIT) for _ in range(2)]  # two threads, both started
+    barrier.wait(WAIT)
+    for future in started:
+        future.result(WAIT)
+    held: list[HeldWake] = []
+
+    def swap() -> None:  # on the worker itself, before it sleeps again (LIFO: it is next)
+        slot = pool._threads[threading.get_ident()]
+        held.append(HeldWake(slot.wake, locked_answers))
+        slot.wake = held[0]  # type: ignore[assignment]
+
+    pool.submit(swap).result(WAIT)
+    assert held[0].sleeping.wait(WAIT)  # idle, in the wait it will be woken from
+    return pool, held[0]
+
+
+def test_an_item_queued_behind_a_worker_that_has_not_woken_yet_waits_for_no_body() -> None:
+    # Handed over while the previous hand-off's worker has not woken, an item waits in the
+    # backlog: that worker passes it on as it wakes, before running its own item, which here
+    # blocks. Without the pass-on the second item would wait behind that body.
+    pool, wake = pool_with_a_held_wake()
+    release = threading.Event()
+    try:
+        first = pool.submit(release.wait, WAIT)
+        second = pool.submit(lambda: "second")
+        assert list(pool._backlog) != []  # white-box: queued behind the worker not yet awake
+        wake.go_on.set()
+        assert second.result(WAIT) == "second"  # on the other worker,
+        assert not first.done()  # while the first body still blocks
+    finally:
+        wake.go_on.set()
+        release.set()
+        pool.shutdown(wait=True)
+    assert first.result(0) is True
+
+
+def test_a_worker_that_wakes_as_an_item_is_queued_behind_it_does_not_strand_it() -> None:
+    # The interleaving where the worker takes its wake lock between the hand-off's two looks:
+    # not yet awake, then awake (it may have looked at the backlog before the item was in).
+    # The hand-off takes the item back and wakes another worker: it runs though the first
+    # worker here never wakes until the end.
+    # The looks: the first hand-off finds the worker that ran `swap` awake (so handed on to it
+    # anew), the second finds it not awake, queues, then finds it awake.
+    pool, wake = pool_with_a_held_wake(locked_answers=(True, False, True))
+    try:
+        first = pool.submit(lambda: "first")
+        second = pool.submit(lambda: "second")  # not awake, queued; then awake: taken back
+        assert list(pool._backlog) == []  # white-box: not left behind the first worker
+        assert second.result(WAIT) == "second"
+        assert not first.done()  # its worker is still held before waking
+    finally:
+        wake.go_on.set()
+        pool.shutdown(wait=True)
+    assert first.result(0) == "first"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_worker_pool_stress_no_quick_item_waits_behind_a_blocked_body(seed: int) -> None:
+    # 8 threads hand over 200 quick items each, and 4 items that block until the end at random
+    # moments among them: with workers to spare, every quick item completes while the
+    # blockers still block, however hand-offs, wake-ups and pass-ons interleave.
+    rng = random.Random(seed)
+    release = threading.Event()
+    blockers_at = {(rng.randrange(8), rng.randrange(200)) for _ in range(4)}
+    quick: list[Future[int]] = []
+    blocked: list[Future[bool]] = []
+    start = threading.Barrier(8)
+    pool = WorkerPool(16, "test-stress-pool")
+
+    def submitter(thread: int) -> None:
+        start.wait(WAIT)
+        for n in range(200):
+            if (thread, n) in blockers_at:
+                blocked.append(pool.submit(release.wait, WAIT))
+            quick.append(pool.submit(int, n))  # list.append: atomic
+
+    try:
+        threads = [threading.Thread(target=submitter, args=(t,)) for t in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT)
+        assert [future.result(WAIT) for future in quick]  # all done, blockers still held
+        assert len(quick) == 1600 and not any(future.done() for future in blocked)
+    finally:
+        release.set()
+        pool.shutdown(wait=True)
+    assert all(future.result(0) is True for future in blocked)
+    assert list(pool._backlog) == []  # white-box: nothing stranded
 
 
 def test_worker_pool_threads_are_daemons_named_prefix_dash_number() -> None:
