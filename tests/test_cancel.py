@@ -1042,6 +1042,46 @@ def test_deadline_callbacks_run_on_a_callback_thread_never_on_the_timer() -> Non
     assert names == ["toolreg-callbacks"] * 20
 
 
+def test_a_dropped_deadline_still_runs_its_callbacks_when_due() -> None:
+    # The token's listeners refer back to it, so a dropped deadline lives on as a reference
+    # cycle until the cyclic collector runs: its callbacks must not depend on when that is.
+    ran = threading.Event()
+    with _cancel.manual_clock() as clock:
+        budget = deadline(None, 1.0)
+        budget.token.on_cancel(ran.set)
+        token = weakref.ref(budget.token)
+        del budget
+        gc.collect()
+        assert token() is not None  # held by the timer while its callback waits
+        clock.advance(1.0)
+        assert ran.wait(WAIT)
+    gc.collect()
+    assert token() is None  # and let go once it fired
+
+
+def test_a_deadline_the_timer_holds_for_a_callback_is_let_go_when_closed() -> None:
+    with _cancel.manual_clock() as clock:
+        budget = deadline(None, 1.0)
+        registration = budget.token.on_cancel(lambda: None)
+        token = weakref.ref(budget.token)
+        budget.close()
+        del budget, registration
+        gc.collect()
+        assert token() is None
+        clock.advance(1.0)
+
+
+def test_a_dropped_deadline_without_callbacks_is_collected_before_it_is_due() -> None:
+    with _cancel.manual_clock() as clock:
+        budget = deadline(None, 1.0)
+        assert budget.token.wait(0) is False  # eager: armed on the timer
+        token = weakref.ref(budget.token)
+        del budget
+        gc.collect()
+        assert token() is None
+        clock.advance(1.0)  # its entry is skipped
+
+
 def test_one_timer_thread_serves_a_thousand_deadlines() -> None:
     before = threading.active_count()
     deadlines = [deadline(None, 60.0 + index) for index in range(1000)]

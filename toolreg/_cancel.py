@@ -368,6 +368,9 @@ class CancelToken:
         other deadlines run on another one). A callback that raises is logged on the `toolreg`
         logger and the others still run; only `KeyboardInterrupt` and `SystemExit` propagate
         (out of `cancel()` or this call), after the other callbacks ran.
+
+        A deadline with a callback registered is held by the timer until it fires or is closed,
+        so the callback runs when it comes due even if nobody holds the source any more.
         """
         if not callable(callback):
             raise TypeError(f"on_cancel() needs a callable, got {type(callback).__name__}")
@@ -386,6 +389,9 @@ class CancelToken:
                     assert spare is not None
                     listeners = self._listeners = spare
                 listeners[listener._key] = listener
+                timer = self._timer
+                if timer is not None:
+                    timer.keep = self  # a dropped deadline still runs what waits for it
                 return listener
         listener._run()
         return listener
@@ -534,6 +540,8 @@ class CancelToken:
         with self._lock:
             if not (self._cancelled or self._closed):
                 self._timer = entry
+                if self._listeners:
+                    entry.keep = self  # see on_cancel
                 return
         entry.disarm()
 

@@ -1,7 +1,9 @@
 """The process-wide timer behind every deadline: one daemon thread and a heap.
 
 No thread or `threading.Timer` per token: a deadline is a heap entry holding its token weakly
-(a source dropped without `close()` can be collected; its entry is then skipped). Disarmed
+(a source dropped without `close()` can be collected; its entry is then skipped), and strongly
+(`keep`) once a callback is registered on it: a callback registered on a deadline runs when it
+comes due, whether or not anyone still holds the source. Disarmed
 entries are dropped lazily and the heap is compacted in place once they make up half of it. The
 thread is started on first use, survives anything `fire` does, caps each wait (a deadline
 centuries away must not overflow `Condition.wait`), and is replaced in a forked child.
@@ -49,10 +51,14 @@ def _heapq() -> ModuleType:
 
 
 class TimerEntry(_weak_ref):  # type: ignore[type-arg]
-    """A scheduled deadline; holds its token weakly so a dropped source can be collected."""
+    """A scheduled deadline; holds its token weakly so a dropped source can be collected.
 
-    __slots__ = ("dead", "due", "reason", "timer")
+    `keep` holds it strongly while callbacks wait for it to fire (set under the token's lock).
+    """
+
+    __slots__ = ("dead", "due", "keep", "reason", "timer")
     dead: bool  # never re-armed; written without a lock, read by the timer thread
+    keep: Any  # the token, once it has a listener; None once fired or disarmed
     due: float  # when it is due, on the timer's clock
     reason: Any  # a TimeoutReason
     timer: Timer
@@ -63,6 +69,7 @@ class TimerEntry(_weak_ref):  # type: ignore[type-arg]
         self.timer = timer
         self.due = due
         self.dead = False
+        self.keep = None
         return self
 
     def __init__(self, token: Any, reason: Any, timer: Timer, due: float) -> None:
@@ -70,6 +77,7 @@ class TimerEntry(_weak_ref):  # type: ignore[type-arg]
         super().__init__(token, TimerEntry._died)  # type: ignore[call-arg]
 
     def disarm(self) -> None:
+        self.keep = None
         if not self.dead:
             self.dead = True
             self.timer.dead_count += 1
@@ -223,6 +231,7 @@ class Timer:
 
     def _fire_entry(self, entry: TimerEntry) -> None:
         token = entry()
+        entry.keep = None  # its strong hold ends here: `token` holds it while it fires
         if token is None or entry.dead:
             return
         entry.dead = True
