@@ -6,6 +6,7 @@ A.1: the caller joins the body itself, never the executor's future, and never ca
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from collections.abc import Callable
@@ -302,7 +303,7 @@ class HeldWake:
         if blocking and not self.held:
             self.held = True
             self.sleeping.set()
-            assert self.go_on.wait(WAIT)
+            self.go_on.wait(5 * WAIT)  # past any failing wait in the test, within its timeout
         return bool(self.lock.acquire(blocking, timeout))
 
     def release(self) -> None:
@@ -372,6 +373,111 @@ def test_a_worker_that_wakes_as_an_item_is_queued_behind_it_does_not_strand_it()
         wake.go_on.set()
         pool.shutdown(wait=True)
     assert first.result(0) == "first"
+
+
+def pool_with_a_busy_and_a_held_worker(
+    max_workers: int, gate: threading.Event
+) -> tuple[WorkerPool, HeldWake, Future[bool]]:
+    """Two workers of `max_workers`: one runs `gate.wait`, the other is handed the next item and
+    wakes only on `go_on`, so items handed over after that one queue behind it."""
+    pool = WorkerPool(max_workers, "test-busy-and-held")
+    barrier = threading.Barrier(3)
+    started = [pool.submit(barrier.wait, WAIT) for _ in range(2)]  # two threads, both started
+    barrier.wait(WAIT)
+    for future in started:
+        future.result(WAIT)
+    busy = pool.submit(gate.wait, WAIT)
+    held: list[HeldWake] = []
+
+    def swap() -> None:  # on the other worker, before it sleeps again (LIFO: it is next)
+        slot = pool._threads[threading.get_ident()]
+        held.append(HeldWake(slot.wake))
+        slot.wake = held[0]  # type: ignore[assignment]
+
+    pool.submit(swap).result(WAIT)
+    assert held[0].sleeping.wait(WAIT)
+    return pool, held[0], busy
+
+
+def test_a_worker_that_takes_a_queued_item_passes_the_next_one_on_first() -> None:
+    # A backlog queued behind a worker not yet awake is also drained by workers that free up:
+    # one that takes a blocking item from it first makes sure the next item has a taker (here a
+    # new thread), or that item would wait for a body that may never return.
+    gate, release = threading.Event(), threading.Event()
+    pool, wake, busy = pool_with_a_busy_and_a_held_worker(3, gate)
+    try:
+        own = pool.submit(lambda: "own")  # to the held worker
+        blocker = pool.submit(release.wait, WAIT)  # queued behind it
+        quick = pool.submit(lambda: "quick")  # queued behind it
+        assert len(pool._backlog) == 2  # white-box
+        gate.set()  # the busy worker frees up and takes the blocker from the backlog
+        assert busy.result(WAIT) is True
+        assert quick.result(WAIT) == "quick"  # while the blocker blocks, before the held wakes
+        assert not blocker.done() and not own.done()
+    finally:
+        wake.go_on.set()
+        release.set()
+        pool.shutdown(wait=True)
+    assert own.result(0) == "own" and blocker.result(0) is True
+
+
+def test_a_worker_started_to_take_a_queued_item_passes_the_next_one_on_first() -> None:
+    # The held worker wakes with two items queued behind it and no idle worker: it starts a
+    # thread for the first, a blocker; that thread passes the second on before it runs it.
+    gate, release = threading.Event(), threading.Event()
+    pool, wake, busy = pool_with_a_busy_and_a_held_worker(4, gate)
+    try:
+        own = pool.submit(release.wait, WAIT)  # to the held worker: it blocks once awake
+        blocker = pool.submit(release.wait, WAIT)  # queued behind it
+        quick = pool.submit(lambda: "quick")  # queued behind it
+        assert len(pool._backlog) == 2  # white-box
+        wake.go_on.set()
+        assert quick.result(WAIT) == "quick"  # while all three other bodies block
+        assert not (busy.done() or own.done() or blocker.done())
+    finally:
+        wake.go_on.set()
+        gate.set()
+        release.set()
+        pool.shutdown(wait=True)
+    assert own.result(0) is True and blocker.result(0) is True
+
+
+class FailingWake:
+    """A wake lock whose next blocking wait raises: the pool's own code failing on a worker."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if blocking:
+            raise MemoryError("in the worker's sleep")
+        return bool(self.lock.acquire(blocking, timeout))
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def locked(self) -> bool:
+        return bool(self.lock.locked())
+
+
+def test_a_worker_that_fails_outside_a_body_is_counted_out_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pool = WorkerPool(2, "test-failing-wake")
+
+    def swap() -> None:  # on the worker: its next sleep raises
+        slot = pool._threads[threading.get_ident()]
+        slot.wake = FailingWake(slot.wake)  # type: ignore[assignment]
+
+    try:
+        with caplog.at_level(logging.ERROR, logger="toolreg"):
+            pool.submit(swap).result(WAIT)
+            wait_until(lambda: pool._count == 0, "the failed worker counted out")
+        assert "test-failing-wake-1 stopped on an error" in caplog.text
+        assert pool.submit(lambda: "after").result(WAIT) == "after"  # on a new thread
+        assert pool._idle and all(w.thread is not None for w in pool._idle)
+    finally:
+        pool.shutdown(wait=True)  # does not wait for the worker that is gone
 
 
 @pytest.mark.parametrize("seed", range(5))

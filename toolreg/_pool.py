@@ -11,9 +11,11 @@ caller wakes one worker, the worker wakes the caller.
 A burst of hand-offs wakes one worker, not one each: an item handed over while the last worker
 woken has not yet woken up waits in the backlog, and that worker, once awake, passes the first
 queued item on to another idle worker before it runs its own (which may block), which does the
-same in turn. So no item waits behind a body, and the workers that run are few: with eight
-callers, eight woken workers would each fight the callers for the GIL (measured: 3 sleeps per
-call across the workers, against 0.6 this way).
+same in turn. A worker that takes a queued item otherwise (a thread just started for one, or a
+worker that finished and takes the next without sleeping) passes the following one on first too.
+So no item waits behind a body while a worker is to spare, and the workers that run are few:
+with eight callers, eight woken workers would each fight the callers for the GIL (measured: 3
+sleeps per call across the workers, against 0.6 this way).
 
 Work items are objects with two methods: `_run()`, called once on a worker (it must not raise;
 the pool logs it if it does), and `_drop()`, called instead if the pool discards the item
@@ -169,22 +171,31 @@ class WorkerPool(Executor):
         return False
 
     def _pass_on(self) -> None:
-        """A worker woke with items queued behind it: before it runs its own (which may block),
-        the first of them goes to another worker, which does the same when it wakes."""
+        """Items are queued and this worker is about to run one (which may block): the first of
+        them goes to another worker, which does the same before it runs it (`_serve`)."""
         with self._lock:
-            if not self._backlog or self._shutdown:
-                return
-            if self._idle:
-                worker = self._idle.pop()
-                worker.item = self._backlog.popleft()
-                self._ready = worker
-                worker.wake.release()
-                return
-            if self._count >= self._max:
-                return  # every worker is busy: the first to free up takes it
-            self._count += 1
-            worker = _Worker(self._backlog.popleft())
-        self._start(worker, True)
+            spare = self._pass_first() if self._backlog and not self._shutdown else None
+        if spare is not None:
+            self._start_spare(spare)
+
+    def _pass_first(self) -> _Worker | None:
+        """With the lock held and items queued: hand the first to an idle worker, or return a new
+        worker holding it for the caller to start (after the lock), or leave it (all busy)."""
+        if self._idle:
+            worker = self._idle.pop()
+            worker.item = self._backlog.popleft()
+            self._ready = worker
+            worker.wake.release()
+            return None
+        if self._count >= self._max:
+            return None  # every worker is busy: the first to free up takes it
+        self._count += 1
+        return _Worker(self._backlog.popleft())
+
+    def _start_spare(self, worker: _Worker) -> None:
+        # From a worker, which must live on: `_lost` has logged the failure and requeued the item.
+        with contextlib.suppress(Exception):
+            self._start(worker, True)
 
     def _start(self, worker: _Worker, may_block: bool) -> None:
         name = f"{self._prefix}-{next(self._names)}"
@@ -231,12 +242,20 @@ class WorkerPool(Executor):
         """The worker's next item: from the backlog, or None to exit, or `SLEEP` (it is idle)."""
         with self._lock:
             if self._backlog:
-                return self._backlog.popleft()
-            if self._shutdown:
+                item = self._backlog.popleft()
+                # Like a woken worker, make sure the next queued item has a taker before this
+                # one runs (it may block): otherwise a backlog is drained only by the workers
+                # that were busy when it formed, and a blocking item among it stalls the rest.
+                spare = self._pass_first() if self._backlog and not self._shutdown else None
+            elif self._shutdown:
                 self._left()
                 return None
-            self._idle.append(worker)
-            return SLEEP
+            else:
+                self._idle.append(worker)
+                return SLEEP
+        if spare is not None:
+            self._start_spare(spare)
+        return item
 
     def _woken(self, worker: _Worker, timed_out: bool) -> WorkItem | _Sleep | None:
         """After a sleep: the item handed over, None to exit, or `SLEEP` again."""
@@ -258,6 +277,21 @@ class WorkerPool(Executor):
             if worker not in self._idle:  # popped without an item: put back (see module doc)
                 self._idle.append(worker)
             return SLEEP
+
+    def _abandoned(self, worker: _Worker) -> None:
+        """A worker stopped on an error of the pool's own: count it out, requeue its item."""
+        with self._lock:
+            if worker in self._idle:
+                self._idle.remove(worker)
+            if self._ready is worker:
+                self._ready = None
+            item, worker.item = worker.item, None
+            if item is not None:
+                self._backlog.appendleft(item)
+            self._left()
+            spare = self._pass_first() if self._backlog and not self._shutdown else None
+        if spare is not None:
+            self._start_spare(spare)
 
     def _left(self) -> None:
         """With the lock held: one worker less (it exits, or its thread never started)."""
@@ -354,43 +388,59 @@ def _serve(
     ident = threading.get_ident()
     threads[ident] = worker
     try:
-        item: WorkItem | _Sleep | None = worker.item
-        worker.item = None
-        while True:
-            if isinstance(item, _Sleep):
-                woken = worker.wake.acquire(timeout=_IDLE_CHECK)
-                if woken:
-                    # Woken by a hand-off: its item was written before the release that woke
-                    # us, and nobody else writes the slot of a worker out of the idle list.
-                    # (Shutdown and a collected pool wake it without one: the slow path.)
-                    item = worker.item
-                    if item is not None:
-                        worker.item = None  # type: ignore[unreachable]  # mypy: set None above
-                        if backlog:  # queued behind this worker while it woke (`_behind`)
-                            _pass_on(pool_ref)
-                        continue
-                pool = pool_ref()
-                if pool is None:
-                    return  # the pool was collected while this worker slept
-                item = pool._woken(worker, timed_out=not woken)
-                if backlog and not isinstance(item, _Sleep) and item is not None:
-                    pool._pass_on()
-                del pool
-                continue
-            if item is None:
-                return
-            try:
-                item._run()
-            except BaseException:  # a work item must not raise; the worker lives on
-                logger.exception("toolreg: a work item raised on %s", threading.current_thread())
-            item = None  # dropped before sleeping: it may hold a whole call's state
-            pool = pool_ref()
-            if pool is None:
-                return
-            item = pool._next(worker)
-            del pool  # never held while sleeping
+        _work(pool_ref, backlog, worker)
+    except BaseException:
+        # Outside `_run` (guarded) only the pool's own code runs here; should it fail all the
+        # same, shutdown() must not wait forever for a worker that is gone.
+        logger.exception("toolreg: %s stopped on an error", threading.current_thread().name)
+        pool = pool_ref()
+        if pool is not None:
+            pool._abandoned(worker)
     finally:
         threads.pop(ident, None)
+
+
+def _work(
+    pool_ref: weakref.ref[WorkerPool], backlog: collections.deque[WorkItem], worker: _Worker
+) -> None:
+    """The worker's loop (its owner, `_serve`, counts it out should it fail)."""
+    item: WorkItem | _Sleep | None = worker.item
+    worker.item = None
+    if backlog:  # started by a pass-on with more queued: pass the next on, as a woken one
+        _pass_on(pool_ref)
+    while True:
+        if isinstance(item, _Sleep):
+            woken = worker.wake.acquire(timeout=_IDLE_CHECK)
+            if woken:
+                # Woken by a hand-off: its item was written before the release that woke
+                # us, and nobody else writes the slot of a worker out of the idle list.
+                # (Shutdown and a collected pool wake it without one: the slow path.)
+                item = worker.item
+                if item is not None:
+                    worker.item = None  # type: ignore[unreachable]  # mypy: set None above
+                    if backlog:  # queued behind this worker while it woke (`_behind`)
+                        _pass_on(pool_ref)
+                    continue
+            pool = pool_ref()
+            if pool is None:
+                return  # the pool was collected while this worker slept
+            item = pool._woken(worker, timed_out=not woken)
+            if backlog and not isinstance(item, _Sleep) and item is not None:
+                pool._pass_on()
+            del pool
+            continue
+        if item is None:
+            return
+        try:
+            item._run()
+        except BaseException:  # a work item must not raise; the worker lives on
+            logger.exception("toolreg: a work item raised on %s", threading.current_thread())
+        item = None  # dropped before sleeping: it may hold a whole call's state
+        pool = pool_ref()
+        if pool is None:
+            return
+        item = pool._next(worker)
+        del pool  # never held while sleeping
 
 
 def _pass_on(pool_ref: weakref.ref[WorkerPool]) -> None:
