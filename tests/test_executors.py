@@ -20,6 +20,7 @@ from _registry_helpers import (
     Args,
     Caller,
     Gate,
+    holds_nothing,
     open_registry,
     wait_until,
 )
@@ -563,6 +564,36 @@ def test_a_sync_call_on_an_executor_its_owner_shut_down_is_a_tool_error(kind: st
     assert result.code == ErrorCode.TOOL_ERROR and not result.dispatched
     assert result.error is not None and "the executor refused the body" in result.error.message
     assert ran == []
+
+
+class _CancelsThenRefuses(ThreadPoolExecutor):
+    """An executor whose owner shuts it down just as the caller cancels: `submit` first runs
+    `cancel()` (the caller's cancellation, landing while the body is handed over), then refuses."""
+
+    def __init__(self, cancel: Callable[[], object]) -> None:
+        super().__init__(1)
+        self.cancel = cancel
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        self.cancel()
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+
+def test_a_body_the_caller_cancelled_while_the_executor_refused_it_never_started() -> None:
+    # docs/contract.md A.1: the caller's listener is registered before the hand-off, so its
+    # cancellation can claim the body before the executor refuses it. Then the body never
+    # starts (ABORTED_BEFORE_DISPATCH) and nothing is raised or left on the caller's token.
+    caller = CancelSource()
+    executor = _CancelsThenRefuses(lambda: caller.cancel("stop"))
+    ran: list[str] = []
+    try:
+        with ToolRegistry(executor=executor) as registry:
+            registry.tool(name="t")(lambda args, ctx: ran.append("body"))
+            result = registry.execute("t", token=caller.token)
+    finally:
+        executor.shutdown(wait=True)
+    assert result.code == BEFORE and not result.dispatched and ran == []
+    assert holds_nothing(caller.token)
 
 
 @pytest.mark.parametrize("kind", ["WorkerPool", "ThreadPoolExecutor"])
