@@ -35,6 +35,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _adapter_helpers import still_pending
 from _registry_helpers import (
     ABORTED,
     BEFORE,
@@ -561,15 +562,41 @@ def test_one_worker_and_a_hundred_awaited_calls_with_nested_calls_do_not_deadloc
 # -- cancelling the awaiting task ---------------------------------------------------------------
 
 
-def _stubborn_tool(registry: ToolRegistry, journal: Journal, started: threading.Event) -> None:
-    """A body that notices cancellation, then keeps working 0.2 s before it returns."""
+class Held:
+    """Work that goes on after its cancellation until the test releases it.
+
+    `hold()` runs on the worker once it has seen the cancellation; `release_while_pending(f)`
+    on the loop waits for that, checks that `f` (what awaits the work) has not finished while
+    the work is held, and then releases it (always: a failed check never leaves it held).
+    """
+
+    def __init__(self) -> None:
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def hold(self) -> None:
+        self.holding.set()
+        assert self.release.wait(WAIT), "never released"
+
+    async def release_while_pending(self, awaiting: asyncio.Future[Any]) -> None:
+        try:
+            await wait_event(self.holding)
+            assert await still_pending(awaiting), "it finished while the work was still going on"
+        finally:
+            self.release.set()
+
+
+def _stubborn_tool(
+    registry: ToolRegistry, journal: Journal, started: threading.Event, held: Held
+) -> None:
+    """A body that notices cancellation, then keeps working until `held` is released."""
 
     @registry.tool
     def stubborn(args: Any, ctx: Any) -> str:
         started.set()
         assert ctx.token.wait(WAIT)
         journal(("body saw cancel", time.monotonic(), ctx.token.reason))
-        time.sleep(0.2)  # simulated cleanup after the cancellation; orders nothing
+        held.hold()  # cleanup after the cancellation, until the test has looked
         journal(("body returned", time.monotonic()))
         return "late"
 
@@ -579,10 +606,10 @@ def _stubborn_tool(registry: ToolRegistry, journal: Journal, started: threading.
 def test_cancelling_the_task_cancels_the_call_waits_for_the_body_then_raises(
     anyio_loaded: bool,
 ) -> None:
-    journal, started = Journal(), threading.Event()
+    journal, started, held = Journal(), threading.Event(), Held()
     caller = CancelSource()
     with open_registry(max_workers=2) as registry:
-        _stubborn_tool(registry, journal, started)
+        _stubborn_tool(registry, journal, started, held)
 
         async def main() -> None:
             areg = AsyncToolRegistry(registry)
@@ -590,6 +617,7 @@ def test_cancelling_the_task_cancels_the_call_waits_for_the_body_then_raises(
             await wait_event(started)
             journal(("cancel", time.monotonic()))
             task.cancel()
+            await held.release_while_pending(task)  # the task waits out the stubborn body
             with pytest.raises(asyncio.CancelledError):
                 await task
             journal(("task raised", time.monotonic()))
@@ -600,15 +628,13 @@ def test_cancelling_the_task_cancels_the_call_waits_for_the_body_then_raises(
     reason = str(journal.entries[1][2])
     assert "asyncio" in reason and "cancel" in reason, reason
     assert journal.entries[3] == ("result", ABORTED, True)
-    cancel_at, raised_at = journal.entries[0][1], journal.entries[4][1]
-    assert raised_at >= journal.entries[2][1]
-    assert raised_at - cancel_at >= 0.19  # the task waited out the uncooperative body
+    assert journal.entries[4][1] >= journal.entries[2][1]  # raised after the body returned
     assert not caller.token.cancelled
     assert holds_nothing(caller.token)
 
 
 def test_cancelling_the_task_during_a_pre_execute_hook_never_starts_the_body() -> None:
-    journal, in_hook = Journal(), threading.Event()
+    journal, in_hook, held = Journal(), threading.Event(), Held()
     with open_registry(max_workers=2) as registry:
         registry.on_result(lambda result: journal(("result", result.code, result.dispatched)))
 
@@ -616,7 +642,7 @@ def test_cancelling_the_task_during_a_pre_execute_hook_never_starts_the_body() -
             in_hook.set()
             assert token.wait(WAIT)
             journal("hook saw cancel")
-            time.sleep(0.1)  # finishes its own work first
+            held.hold()  # finishes its own work first
             journal("hook returned")
 
         registry.add_pre_execute(slow_policy)
@@ -630,6 +656,7 @@ def test_cancelling_the_task_during_a_pre_execute_hook_never_starts_the_body() -
             task = asyncio.create_task(AsyncToolRegistry(registry).execute("body"))
             await wait_event(in_hook)
             task.cancel()
+            await held.release_while_pending(task)
             with pytest.raises(asyncio.CancelledError):
                 await task
             journal("task raised")
@@ -683,9 +710,9 @@ def test_cancelling_a_queued_call_never_starts_its_body() -> None:
 
 @pytest.mark.parametrize("how", ["timeout scope", "asyncio.wait_for"])
 def test_timeout_around_execute_raises_after_the_body_settled(how: str, anyio_loaded: bool) -> None:
-    journal, started = Journal(), threading.Event()
+    journal, started, held = Journal(), threading.Event(), Held()
     with open_registry(max_workers=2) as registry:
-        _stubborn_tool(registry, journal, started)
+        _stubborn_tool(registry, journal, started, held)
 
         @registry.tool
         def quick(args: Any, ctx: Any) -> str:
@@ -695,6 +722,8 @@ def test_timeout_around_execute_raises_after_the_body_settled(how: str, anyio_lo
             areg = AsyncToolRegistry(registry)
             task = asyncio.current_task()
             assert task is not None
+            raised = asyncio.get_running_loop().create_future()  # the timeout raised here
+            releaser = asyncio.create_task(held.release_while_pending(raised))
             if how == "timeout scope":
                 loop = asyncio.get_running_loop()
                 with pytest.raises(asyncio.TimeoutError):
@@ -710,6 +739,8 @@ def test_timeout_around_execute_raises_after_the_body_settled(how: str, anyio_lo
             else:
                 with pytest.raises(asyncio.TimeoutError):
                     await asyncio.wait_for(areg.execute("stubborn"), 0.3)
+            raised.set_result(None)
+            await releaser
             journal(("timeout raised", time.monotonic()))
             # No cancellation is left over: the task goes on awaiting and calling.
             await no_cancellation_left(task)
@@ -722,15 +753,17 @@ def test_timeout_around_execute_raises_after_the_body_settled(how: str, anyio_lo
 
 
 def test_inner_timeout_inside_an_outer_one_is_handled_by_the_inner() -> None:
-    journal, started = Journal(), threading.Event()
+    journal, started, held = Journal(), threading.Event(), Held()
     with open_registry(max_workers=2) as registry:
-        _stubborn_tool(registry, journal, started)
+        _stubborn_tool(registry, journal, started, held)
 
         async def main() -> None:
             areg = AsyncToolRegistry(registry)
             loop = asyncio.get_running_loop()
             task = asyncio.current_task()
             assert task is not None
+            raised = loop.create_future()  # the inner timeout raised here
+            releaser = asyncio.create_task(held.release_while_pending(raised))
             async with timeout_scope(WAIT) as outer:
                 with pytest.raises(asyncio.TimeoutError):
                     async with timeout_scope(None) as inner:
@@ -741,6 +774,8 @@ def test_inner_timeout_inside_an_outer_one_is_handled_by_the_inner() -> None:
 
                         trigger = asyncio.create_task(expire_inner())
                         await areg.execute("stubborn")
+                raised.set_result(None)
+                await releaser
                 await trigger
                 journal(("inner timeout raised", time.monotonic()))
                 await no_cancellation_left(task)  # still inside the outer scope, not cancelled
@@ -1046,7 +1081,7 @@ def test_a_nested_async_body_runs_on_a_loop_of_its_own_with_the_outer_body_s_con
 
 
 def test_cancelling_the_awaiting_task_cancels_and_drains_the_batch() -> None:
-    journal, started = Journal(), threading.Event()
+    journal, started, held = Journal(), threading.Event(), Held()
     with open_registry(max_workers=2) as registry:
         registry.on_result(lambda result: journal((result.call.call_id, result.code)))
 
@@ -1054,7 +1089,7 @@ def test_cancelling_the_awaiting_task_cancels_and_drains_the_batch() -> None:
         def stubborn(args: Any, ctx: Any) -> str:
             started.set()
             assert ctx.token.wait(WAIT)
-            time.sleep(0.1)  # still working after the cancellation
+            held.hold()  # still working after the cancellation
             journal("stubborn returned")
             return "late"
 
@@ -1073,6 +1108,7 @@ def test_cancelling_the_awaiting_task_cancels_and_drains_the_batch() -> None:
             task = asyncio.create_task(AsyncToolRegistry(registry).execute_batch(calls))
             await wait_event(started)
             task.cancel()
+            await held.release_while_pending(task)
             with pytest.raises(asyncio.CancelledError):
                 await task
             journal("task raised")
