@@ -28,6 +28,7 @@ from _registry_helpers import (
 from toolreg import (
     CancelSource,
     ErrorCode,
+    TimeoutPolicy,
     ToolCall,
     ToolContext,
     ToolRegistry,
@@ -579,16 +580,24 @@ class _CancelsThenRefuses(ThreadPoolExecutor):
         raise RuntimeError("cannot schedule new futures after shutdown")
 
 
-def test_a_body_the_caller_cancelled_while_the_executor_refused_it_never_started() -> None:
-    # docs/contract.md A.1: the caller's listener is registered before the hand-off, so its
-    # cancellation can claim the body before the executor refuses it. Then the body never
-    # starts (ABORTED_BEFORE_DISPATCH) and nothing is raised or left on the caller's token.
+@pytest.mark.parametrize("deadline", [False, True])
+def test_a_body_the_caller_cancelled_while_the_executor_refused_it_never_started(
+    deadline: bool,
+) -> None:
+    # docs/contract.md A.1: a call cancelled by the time the executor refuses its body is
+    # ABORTED_BEFORE_DISPATCH, whether the cancellation's listener claimed the body first (a
+    # deadline's body token is listened to before the hand-off) or the refusal found the call
+    # cancelled (the call's own token, listened to after it). Nothing is raised or left behind.
     caller = CancelSource()
     executor = _CancelsThenRefuses(lambda: caller.cancel("stop"))
     ran: list[str] = []
     try:
         with ToolRegistry(executor=executor) as registry:
-            registry.tool(name="t")(lambda args, ctx: ran.append("body"))
+            registry.tool(name="t", timeout=30 if deadline else None)(
+                lambda args, ctx: ran.append("body")
+            )
+            if deadline:
+                registry.add_around(TimeoutPolicy())
             result = registry.execute("t", token=caller.token)
     finally:
         executor.shutdown(wait=True)
