@@ -28,11 +28,12 @@ from toolreg import (
     ErrorCode,
     RetryPolicy,
     TimeoutPolicy,
+    Tool,
     ToolContext,
     ToolRegistry,
     ToolResult,
 )
-from toolreg._hooks import HookSet
+from toolreg._hooks import HookSet, HookTable
 
 
 def test_wrappers_nest_in_registration_order_first_outermost(registry: ToolRegistry) -> None:
@@ -261,6 +262,42 @@ def test_only_toolregs_own_policies_let_a_result_be_finished_in_place() -> None:
     assert not around(TimeoutPolicy(), post=True)
     trusted = HookSet(around=(TimeoutPolicy(),))
     assert not trusted.replace(around=(lambda d, p: p(),)).results_unseen
+
+
+def test_a_registered_policy_is_still_known_as_the_registrys_own() -> None:
+    """Registration keeps a partial of each hook: the trust above and the chain run must see
+    through it (they did not, so a registered TimeoutPolicy's results were always copied)."""
+    table = HookTable()
+    table.add("around", TimeoutPolicy())
+    table.add("around", RetryPolicy())
+    assert table.current.results_unseen
+    assert all(run is not None for run in table.current.chain_runs)
+    table.add("around", lambda d, p: p())
+    assert not table.current.results_unseen
+    assert table.current.chain_runs[-1] is None
+
+
+def test_a_policy_subclass_runs_through_its_own_call_with_a_proceed(
+    registry: ToolRegistry,
+) -> None:
+    """The registry runs its own policies without a `proceed()` of their own; a subclass may
+    override `__call__`, so it gets the ordinary call, and its deadline still works."""
+    seen: list[bool] = []
+
+    class Watched(TimeoutPolicy):
+        def __call__(self, dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+            seen.append(callable(proceed))
+            return super().__call__(dispatch, proceed)
+
+    def body(args: object, ctx: ToolContext) -> str:
+        ctx.token.wait()  # until the deadline cancels it
+        return "late"
+
+    registry.register(Tool("slow", body, timeout=0.01))
+    registry.add_around(Watched())
+    result = registry.execute("slow")
+    assert seen == [True]
+    assert result.error is not None and result.error.code == ErrorCode.TOOL_TIMEOUT
 
 
 @pytest.mark.parametrize("elsewhere", ["outer", "inner"])

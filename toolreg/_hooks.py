@@ -88,6 +88,11 @@ class AroundWrapper(Protocol):
     def __call__(self, dispatch: Dispatch, proceed: Proceed, /) -> ToolResult[Any]: ...
 
 
+# How the registry runs one of its own policies: `run(dispatch, proceed, *args)` calls
+# `proceed(*args)` for the rest of the chain (`HookSet.chain_runs`).
+ChainRun = Callable[..., ToolResult[Any]]
+
+
 class PostExecuteHook(Protocol):
     """`hook(result, token) -> ToolResult | None`; may turn success into failure, not back."""
 
@@ -206,6 +211,11 @@ class HookSet:
     #: RetryPolicy): a result the registry makes for the body then reaches finalizing unseen
     #: by user code, and is finished in place rather than copied. Derived, not a field.
     results_unseen = True
+    #: Per around wrapper, aligned with `around`: how the registry runs one of its own policies
+    #: (`_run_in_chain(dispatch, proceed, *args)`, declared in the wrapper's own class), with
+    #: the rest of the chain as `proceed(*args)` rather than a `proceed()` made per call; None
+    #: for any other wrapper. Derived, not a field.
+    chain_runs: tuple[ChainRun | None, ...] = ()
 
     def __init__(
         self,
@@ -229,18 +239,33 @@ class HookSet:
             tools_changed=tools_changed,
             plain=not (pre_execute or guards or around or post_execute),
             results_unseen=not post_execute and all(map(_keeps_no_result, around)),
+            chain_runs=tuple(map(_chain_run, around)),
         )
 
     def replace(self, **changes: Any) -> HookSet:
         """A copy with `changes` (field name: value), like `dataclasses.replace`."""
         fields = {**self.__dict__, **changes}
-        del fields["plain"], fields["results_unseen"]
+        del fields["plain"], fields["results_unseen"], fields["chain_runs"]
         return HookSet(**fields)
+
+
+def _registered(hook: object) -> object:
+    """The callable behind a registered hook (`HookTable.add` keeps a bare partial of it)."""
+    if type(hook) is functools.partial and not hook.args and not hook.keywords:
+        return hook.func
+    return hook
 
 
 def _keeps_no_result(wrapper: object) -> bool:
     # The wrapper's own class only: a subclass may override `__call__` and keep the result.
-    return type(wrapper).__dict__.get("_keeps_no_result") is True
+    return type(_registered(wrapper)).__dict__.get("_keeps_no_result") is True
+
+
+def _chain_run(wrapper: object) -> ChainRun | None:
+    # The wrapper's own class only, as above: a subclass's `__call__` is what it asked to run.
+    policy = _registered(wrapper)
+    run = type(policy).__dict__.get("_run_in_chain")
+    return None if run is None else functools.partial(run, policy)
 
 
 class HookRegistration(Registration):

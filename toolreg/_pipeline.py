@@ -409,15 +409,21 @@ def _proceed_from(
 ) -> ToolResult[Any]:
     """Run wrapper `index` (or, past the last, the body); never raises."""
     wrappers = state.hooks.around
-    if index == len(wrappers):  # the innermost wrapper's proceed(), called on another thread
+    if index == len(wrappers):  # the innermost policy's chain run, or a proceed() elsewhere
         result = state.proceeded = _body(host, state, dispatch._token)
         return result
-    if index + 1 == len(wrappers):  # the innermost wrapper's proceed() runs the body
-        proceed = functools.partial(_proceed_to_body, host, state, dispatch)
-    else:
-        proceed = functools.partial(_proceed, host, state, dispatch, index + 1)
+    run = state.hooks.chain_runs[index]
     try:
-        returned: object = wrappers[index](dispatch, proceed)
+        if run is not None:
+            # One of the registry's own policies, which calls on only on this thread while the
+            # chain is open: what a proceed() would check holds, so none is made for it.
+            returned: object = run(dispatch, _proceed_from, host, state, dispatch, index + 1)
+        elif index + 1 == len(wrappers):  # the innermost wrapper's proceed() runs the body
+            proceed = functools.partial(_proceed_to_body, host, state, dispatch)
+            returned = wrappers[index](dispatch, proceed)
+        else:
+            proceed = functools.partial(_proceed, host, state, dispatch, index + 1)
+            returned = wrappers[index](dispatch, proceed)
     except BaseException as exc:
         return _raised(state, "around wrapper", exc, dispatch._token)
     # What its proceed() returned, handed on as it is (a pass-through, TimeoutPolicy on time),

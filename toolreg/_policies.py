@@ -61,13 +61,20 @@ class TimeoutPolicy:
         self.default = default
 
     def __call__(self, dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        return self._run_in_chain(dispatch, proceed)
+
+    def _run_in_chain(
+        self, dispatch: Dispatch, proceed: Callable[..., ToolResult[Any]], *args: Any
+    ) -> ToolResult[Any]:
+        """`__call__` with the rest of the chain as `proceed(*args)`: how the registry runs it,
+        with no `proceed()` made per call (`HookSet.chain_runs`)."""
         # The registry's own Dispatch, read and written through its slots: the properties
         # would check a token this code made itself (three reads and two writes per call).
         seconds = dispatch._tool.timeout
         if seconds is None:
             seconds = self.default
             if seconds is None:
-                return proceed()
+                return proceed(*args)
         previous = dispatch._token
         call_token = dispatch._call_token
         # The deadline also follows the call's token, so a caller who cancels first cancels it
@@ -79,7 +86,7 @@ class TimeoutPolicy:
         budget = deadline_token(parent, float(seconds), self.code)
         dispatch._token = budget
         try:
-            result = proceed()
+            result = proceed(*args)
         finally:
             close_token(budget)  # disarm first: from here on the timer cannot fire
             if follows is not None:
@@ -169,15 +176,21 @@ class RetryPolicy:
         return float(min(seconds, threading.TIMEOUT_MAX))  # compared exactly, even a huge int
 
     def __call__(self, dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        return self._run_in_chain(dispatch, proceed)
+
+    def _run_in_chain(
+        self, dispatch: Dispatch, proceed: Callable[..., ToolResult[Any]], *args: Any
+    ) -> ToolResult[Any]:
+        """`__call__` with the rest of the chain as `proceed(*args)` (`HookSet.chain_runs`)."""
         attempt = 1
-        result = proceed()
+        result = proceed(*args)
         while attempt < self.attempts and self._retryable(result):
             # The call's token, not just the caller's: close() and Ctrl-C end the wait too.
             with CancelSource(dispatch.token, dispatch.call_token) as waiter:
                 if waiter.token.cancelled or self.wait(waiter.token, self.delay(attempt)):
                     return result
             attempt += 1
-            result = proceed()
+            result = proceed(*args)
         return result
 
     def _retryable(self, result: ToolResult[Any]) -> bool:
