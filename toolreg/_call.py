@@ -238,8 +238,12 @@ class CallState:
                 self.dispatched_at = body._dispatched_at
             self.settled_at = body._settled_at
         token = body.token
-        if token is not self.token and token.cancelled:
-            self.body_cancelled_at = token._cancelled_at
+        if token is not self.token:
+            # A body that returned read its token then (`_live_on_return`): a cause that came
+            # after it returned is not one it observed, so the flag says all (no resolving).
+            returned = body._started and body._error is None
+            if token._cancelled if returned else token.cancelled:
+                self.body_cancelled_at = token._cancelled_at
 
     def first_cancelled_at(self) -> float | None:
         """When the call's token, or the token its body observed, was first cancelled."""

@@ -568,9 +568,10 @@ class CancelToken:
                 self._pending = self._due = None  # eager now: pushes reach it, the timer fires
                 self._linking = False
 
-    def _close(self) -> None:
+    def _close(self, resolve: bool = True) -> None:
         if self._pending is not None or self._due is not None:
-            self.cancelled  # noqa: B018  # a cause that came before close() counts (eagerly too)
+            if resolve:
+                self.cancelled  # noqa: B018  # a cause that came before close() counts (eagerly too)
         else:
             timer = self._timer
             if timer is not None and not self._cancelled and _now() >= timer.due:
@@ -877,8 +878,13 @@ def deadline_token(parent: CancelToken, seconds: float, code: str) -> CancelToke
 
 
 def close_token(token: CancelToken) -> None:
-    """`CancelSource.close()` for a token made without a source (`deadline_token`)."""
-    token._close()
+    """`CancelSource.close()` for a token made without a source (`deadline_token`), except that
+    a lazy token is not read once more first: a cause nobody has read yet is dropped with it.
+
+    `TimeoutPolicy` closes its deadline after the body was joined, and the body's reads (before
+    it starts, on its return, and the registry's after the join) saw whatever counts.
+    """
+    token._close(False)
 
 
 def timed_out(token: CancelToken) -> bool:

@@ -533,6 +533,10 @@ def _body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolRe
     state.mark_body(ctx)
     if refused is not None:
         return _failure(state.call, _TOOL_ERROR, refused, contexts)
+    if ctx._started and ctx._error is None and not state.debug:  # `_body_result`'s usual case
+        state.dispatched = True
+        state.stage = _AFTER_BODY
+        return _success(state, ctx._value, ctx._live_on_return, contexts)
     return _body_result(state, ctx, contexts)
 
 
