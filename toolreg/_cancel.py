@@ -246,6 +246,7 @@ class CancelToken:
         "_links",
         "_listeners",
         "_lock",
+        "_parent",
         "_pending",
         "_reason",
         "_sweep_at",
@@ -272,6 +273,9 @@ class CancelToken:
     # through them without a lock; `_linking` is set while one thread makes the token eager,
     # which keeps `_pending`/`_due` readable until the links and the timer are in place.
     _pending: tuple[CancelToken, ...] | None
+    # `_pending`'s one parent while it has exactly one and no thread is making this token eager
+    # (cleared, under the lock, when one starts to): the fast path of `cancelled` reads it.
+    _parent: CancelToken | None
     _due: float | None
     _due_reason: tuple[str, float] | None
     _linking: bool
@@ -295,33 +299,32 @@ class CancelToken:
         """
         if self._cancelled:
             return True
-        pending, due = self._pending, self._due
-        if pending is None:
-            if due is None:
-                return False  # eager (or a root): pushes reach it
-            if _now() < due:
-                return False  # a root deadline, not due yet
-        elif len(pending) == 1 and not self._linking:
+        parent = self._parent
+        due = self._due
+        if parent is not None:
             # The usual shapes, read without a walk: a call's token under an eager caller, and a
             # deadline under a call's token (itself under nothing, or under an eager caller).
             # Live if every token up to the eager one is live with no due time of its own, and
             # this token's own due time (if any) is still ahead.
-            parent = pending[0]
             if not parent._cancelled and parent._due is None:
-                above = parent._pending
-                if above is None:
+                if parent._pending is None:
                     if due is None or _now() < due:
                         return False
-                elif (
-                    # One level more: a deadline under a call's token under its caller's.
-                    len(above) == 1
-                    and not parent._linking
-                    and not above[0]._cancelled
-                    and above[0]._pending is None
-                    and above[0]._due is None
-                    and (due is None or _now() < due)
-                ):
-                    return False
+                else:
+                    grand = parent._parent  # one level more: a deadline under a call's token
+                    if (
+                        grand is not None
+                        and not grand._cancelled
+                        and grand._pending is None
+                        and grand._due is None
+                        and (due is None or _now() < due)
+                    ):
+                        return False
+        elif self._pending is None:
+            if due is None:
+                return False  # eager (or a root): pushes reach it
+            if _now() < due:
+                return False  # a root deadline, not due yet
         return _resolve(self)
 
     @property
@@ -500,7 +503,7 @@ class CancelToken:
             self._reason = reason
             self._timed_out = from_timer
             self._cancelled_at = when
-            self._pending = self._due = None
+            self._pending = self._due = self._parent = None
             self._cancelled = True  # written last: a lock-free reader then also sees the reason
             listeners, self._listeners = self._listeners, None
             children, self._children = self._children, None
@@ -554,6 +557,7 @@ class CancelToken:
             if pending is None and due is None:
                 return
             self._linking = True
+            self._parent = None  # readers take the slow path while the links are made
         try:
             if pending is not None:
                 self._link_to(pending)
@@ -580,7 +584,7 @@ class CancelToken:
             if self._closed:
                 return
             self._closed = True
-            self._pending = self._due = None
+            self._pending = self._due = self._parent = None
             links, self._links = self._links, None
             timer, self._timer = self._timer, None
         if links:
@@ -633,7 +637,7 @@ def _new_token(cls: type[CancelToken] = CancelToken) -> CancelToken:
     self._cancelled = self._timed_out = self._closed = False
     self._reason = self._listeners = self._children = self._links = None
     self._event = self._timer = None
-    self._pending = self._due = self._due_reason = None
+    self._pending = self._due = self._due_reason = self._parent = None
     self._linking = False
     self._sweep_at = _FIRST_SWEEP
     return self
@@ -826,10 +830,13 @@ def _new_source_token(
         if len(parents) == 1:
             if parents[0] is not _NEVER:
                 token._pending = parents  # type: ignore[assignment]
+                token._parent = parents[0]  # type: ignore[assignment]
         else:
             linked = tuple(parent for parent in parents if parent is not _NEVER)
             if linked:
                 token._pending = linked  # type: ignore[assignment]
+                if len(linked) == 1:
+                    token._parent = linked[0]  # type: ignore[assignment]
     if timeout is not None:
         token._due_reason = (code, timeout)
         token._due = _now() + timeout
@@ -844,6 +851,7 @@ def child_token(parent: CancelToken) -> CancelToken:
     token = _new_token()
     if parent is not _NEVER:
         token._pending = (parent,)
+        token._parent = parent
     return token
 
 
@@ -872,6 +880,7 @@ def deadline_token(parent: CancelToken, seconds: float, code: str) -> CancelToke
     token = _new_token()
     if parent is not _NEVER:
         token._pending = (parent,)
+        token._parent = parent
     token._due_reason = (code, seconds)
     token._due = _now() + seconds
     return token
@@ -884,6 +893,13 @@ def close_token(token: CancelToken) -> None:
     `TimeoutPolicy` closes its deadline after the body was joined, and the body's reads (before
     it starts, on its return, and the registry's after the join) saw whatever counts.
     """
+    with token._lock:
+        if token._links is None and token._timer is None and not token._linking:
+            # Never made eager (the usual case): nothing of it is registered anywhere, and a
+            # closed token is never linked or armed later (`_make_eager` checks `_closed`).
+            token._closed = True
+            token._pending = token._due = token._parent = None
+            return
     token._close(False)
 
 

@@ -216,6 +216,9 @@ class HookSet:
     #: the rest of the chain as `proceed(*args)` rather than a `proceed()` made per call; None
     #: for any other wrapper. Derived, not a field.
     chain_runs: tuple[ChainRun | None, ...] = ()
+    #: There are around wrappers, and every one has a chain run: no `proceed()` is ever handed
+    #: to user code, so none can run on another thread or after the chain. Derived.
+    chain_only = False
 
     def __init__(
         self,
@@ -228,6 +231,7 @@ class HookSet:
         call_hooks: tuple[CallHook, ...] = (),
         tools_changed: tuple[Callable[[], object], ...] = (),
     ) -> None:
+        chain_runs = tuple(map(_chain_run, around))
         self.__dict__.update(
             pre_execute=pre_execute,
             approver=approver,
@@ -239,13 +243,15 @@ class HookSet:
             tools_changed=tools_changed,
             plain=not (pre_execute or guards or around or post_execute),
             results_unseen=not post_execute and all(map(_keeps_no_result, around)),
-            chain_runs=tuple(map(_chain_run, around)),
+            chain_runs=chain_runs,
+            chain_only=bool(around) and None not in chain_runs,
         )
 
     def replace(self, **changes: Any) -> HookSet:
         """A copy with `changes` (field name: value), like `dataclasses.replace`."""
         fields = {**self.__dict__, **changes}
-        del fields["plain"], fields["results_unseen"], fields["chain_runs"]
+        for derived in ("plain", "results_unseen", "chain_runs", "chain_only"):
+            del fields[derived]
         return HookSet(**fields)
 
 

@@ -203,7 +203,11 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
         # The very result the registry made for a broken hook skips the post hooks.
         if hooks.post_execute and result is not state.hook_error:
             result = _post_execute(state, result)
-            live = False
+            # Cancellation that won meanwhile replaces a success (a post hook's failure stays);
+            # the same read serves the timeline, as nothing runs between it and finalizing.
+            live = not state.token.cancelled
+            if result.ok and state.live and not live:
+                result = _aborted(state, tuple(result.contexts))
     except BaseException as exc:  # landed between guarded spots: cancel, finish, re-raise later
         state.interrupt(exc)
         result = _aborted(state)
@@ -393,6 +397,8 @@ def _around(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     state.stage = _AROUND
     if state.debug:
         state.log_stage()
+    if state.hooks.chain_only:  # no proceed() reaches user code: none runs elsewhere or late
+        return _proceed_from(host, state, dispatch, 0)
     state.chain_open = True
     result = _proceed_from(host, state, dispatch, 0)
     # The chain returned: refuse new `proceed()` calls, join those still running elsewhere.
@@ -590,14 +596,8 @@ def _success(
 # -- after the wrappers --------------------------------------------------------------------------
 
 
-def _unless_revoked(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
-    """Cancellation that won replaces a success (keeping its contexts); failures stay."""
-    if result.ok and state.revoked():
-        return _aborted(state, tuple(result.contexts))
-    return result
-
-
 def _post_execute(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
+    """The post-execute hooks in order; the caller then lets cancellation replace a success."""
     state.at(_POST_EXECUTE)
     for hook in state.hooks.post_execute:
         try:
@@ -615,7 +615,7 @@ def _post_execute(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
         if replaced.ok and not result.ok:
             return _hook_failure(state, "post-execute hook", "turned a failure into a success")
         result = replaced
-    return _unless_revoked(state, result)
+    return result
 
 
 def _notify(state: CallState, result: ToolResult[Any]) -> None:
