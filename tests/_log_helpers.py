@@ -53,7 +53,7 @@ def read_text(file: Path) -> str:
 
 def lines_of(path: Path) -> list[Any]:
     """Every record in `path` and its rotated siblings, oldest file first; none may be torn."""
-    records = []
+    records: list[Any] = []
     for file in log_files(path):
         text = read_text(file)
         assert text == "" or text.endswith("\n"), f"{file.name} ends with a partial line"

@@ -30,7 +30,7 @@ BEFORE = ErrorCode.ABORTED_BEFORE_DISPATCH
 Args = Any  # what a tool body receives as `args` (a read-only mapping)
 Proceed = Callable[[], ToolResult[Any]]  # an around wrapper's `proceed`
 
-SEARCH_SCHEMA = {
+SEARCH_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {"q": {"type": "string"}, "limit": {"type": "integer"}},
     "required": ["q"],

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -187,9 +187,11 @@ class TaskCancellingTimeout:
         self._task.cancel()
 
 
-timeout_scope: Callable[[float | None], Any] = (
-    asyncio.timeout if sys.version_info >= (3, 11) else TaskCancellingTimeout
-)
+timeout_scope: Callable[[float | None], Any]
+if sys.version_info >= (3, 11):
+    timeout_scope = asyncio.timeout
+else:
+    timeout_scope = TaskCancellingTimeout
 
 
 async def no_cancellation_left(task: asyncio.Task[Any]) -> None:
@@ -549,7 +551,7 @@ def test_one_worker_and_a_hundred_awaited_calls_with_nested_calls_do_not_deadloc
             assert nested.ok, nested
             return int(nested.value) * 2
 
-        async def main() -> list[int]:
+        async def main() -> list[int | None]:
             areg = AsyncToolRegistry(registry)
             tasks = [asyncio.create_task(areg.execute("parent", {"i": i})) for i in range(100)]
             _, pending = await asyncio.wait(tasks, timeout=WAIT)
@@ -951,8 +953,10 @@ def test_async_body_runs_on_the_registry_loop_thread_and_sees_its_token() -> Non
         from_async, caller_loop = asyncio.run(main())
     for result in (from_sync, from_async):
         assert result.ok, result
+        assert result.value is not None
         assert result.value["thread"].endswith("-async")
         assert result.value["token"] is True and result.value["cancelled"] is False
+    assert from_async.value is not None and from_sync.value is not None
     assert from_async.value["loop"] == from_sync.value["loop"] != caller_loop
 
 
@@ -1235,16 +1239,19 @@ def test_close_settles_an_awaited_call_that_is_still_queued() -> None:
     def queued(args: Any, ctx: Any) -> str:
         return "queued"
 
-    async def main() -> list[Any]:
+    async def main() -> tuple[ToolResult[Any] | BaseException, ToolResult[Any] | BaseException]:
         areg = AsyncToolRegistry(registry)
         first = asyncio.create_task(areg.execute("blocker"))
         await wait_event(started)
         second = asyncio.create_task(areg.execute("queued"))
         await asyncio.sleep(0)  # entered: handed to the busy pool
         await asyncio.to_thread(registry.close)
-        return await asyncio.gather(first, second, return_exceptions=True)
+        # Bound first: in a return's context mypy picks gather's overload that returns Any.
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        return results
 
     first, second = asyncio.run(main())
+    assert isinstance(first, ToolResult), f"the blocker raised {first!r}"
     assert first.code == ABORTED
     assert isinstance(second, ToolResult), f"the queued call raised {second!r}"
     assert second.code == BEFORE
@@ -1413,7 +1420,12 @@ def occupy_schedulers(areg: AsyncToolRegistry) -> threading.Event:
     in their queue until the returned event is set."""
     schedulers = WorkerPool(1, "test-schedulers")
     busy, release = threading.Event(), threading.Event()
-    schedulers.submit(lambda: (busy.set(), release.wait(WAIT)))
+
+    def occupy() -> bool:
+        busy.set()
+        return release.wait(WAIT)
+
+    schedulers.submit(occupy)
     assert busy.wait(WAIT)
     areg._schedulers = schedulers
     return release
@@ -1595,7 +1607,8 @@ def test_calls_that_must_all_run_at_once_each_get_a_worker() -> None:
 
         results = asyncio.run(main())
     assert [result.ok for result in results] == [True] * 8
-    assert sorted(result.value for result in results) == list(range(8))
+    # Each value is the int Barrier.wait() returned (ToolResult[Any] cannot say so).
+    assert sorted(cast(int, result.value) for result in results) == list(range(8))
 
 
 @pytest.mark.parametrize("order", ["queued-together", "queued-while-it-runs"])

@@ -120,7 +120,12 @@ def test_an_overdue_body_is_reported_to_its_trace() -> None:
     caller = CancelSource()
     with open_registry(overdue_after=0.01) as registry:
         registry.add_call_hook(recorder)
-        registry.tool(name="stubborn")(lambda args, ctx: gate.hold() or "late")
+
+        def stubborn(args: Args, ctx: ToolContext) -> str:
+            gate.hold()
+            return "late"
+
+        registry.tool(name="stubborn")(stubborn)
         call = Caller(lambda: registry.execute("stubborn", token=caller.token))
         gate.wait_reached()
         caller.cancel("stop")
@@ -144,7 +149,7 @@ def test_a_failing_hook_or_trace_is_logged_and_changes_nothing(
             raise RuntimeError("end")
 
     with open_registry() as registry:
-        registry.add_call_hook(lambda call, token: 1 / 0)  # type: ignore[arg-type,return-value]
+        registry.add_call_hook(lambda call, token: 1 / 0)
         registry.add_call_hook(lambda call, token: Broken())
         registry.tool(name="t")(lambda args, ctx: "ok")
         result = registry.execute("t")
@@ -169,7 +174,7 @@ def test_a_call_hook_raising_an_interrupt_aborts_the_call_and_leaves_nothing_in_
         raise KeyboardInterrupt
 
     with open_registry() as registry:
-        registry.add_call_hook(interrupting)  # type: ignore[arg-type]
+        registry.add_call_hook(interrupting)
         ran: list[str] = []
         registry.tool(name="t")(lambda args, ctx: ran.append("body"))
         registry.on_result(lambda result: ran.append(str(result.code)))

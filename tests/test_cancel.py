@@ -12,6 +12,7 @@ reads of private fields are marked as such.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import inspect
 import logging
@@ -81,6 +82,11 @@ def call_bounded(fn: Callable[[], T], timeout: float = WAIT) -> T:
     if not ok:
         raise value
     return value  # type: ignore[no-any-return]
+
+
+def outcome(fn: Callable[[], object]) -> object:
+    """What `fn()` returned (`None` included), to be recorded and compared."""
+    return fn()
 
 
 def start_thread(fn: Callable[[], object]) -> threading.Thread:
@@ -202,7 +208,7 @@ class Race(Generic[S]):
                 barrier.abort()
 
         threads = [
-            start_thread(lambda actor=actor, index=index: loop(actor, index))
+            start_thread(functools.partial(loop, actor, index))
             for index, actor in enumerate(self.actors)
         ]
         failed = True
@@ -610,8 +616,12 @@ def test_idle_source_takes_under_35_percent_of_an_events_memory() -> None:
 def test_callbacks_run_once_in_registration_order_in_the_cancelling_thread() -> None:
     src = CancelSource()
     calls: list[tuple[int, int]] = []
+
+    def record(index: int) -> None:
+        calls.append((index, threading.get_ident()))
+
     for index in range(5):
-        src.token.on_cancel(lambda index=index: calls.append((index, threading.get_ident())))
+        src.token.on_cancel(functools.partial(record, index))
     call_bounded(lambda: src.cancel("x"))  # cancels on another thread
     src.cancel("again")
     assert [index for index, _ in calls] == [0, 1, 2, 3, 4]
@@ -770,11 +780,11 @@ def test_callback_can_use_its_own_and_other_tokens() -> None:
 
     def callback() -> None:
         results["cancel self"] = src.cancel("again")
-        results["close self"] = src.close()
+        results["close self"] = outcome(src.close)
         results["cancel other"] = other.cancel("from a callback")
         results["remove other"] = pending.remove()
         results["new child"] = CancelSource(src.token).token.cancelled
-        results["close child"] = child.close()
+        results["close child"] = outcome(child.close)
         results["register on parent"] = parent.token.on_cancel(int).remove()
         results["wait"] = child.token.wait(0)
 
@@ -812,7 +822,12 @@ def test_callback_can_wait_for_a_token_another_thread_cancels() -> None:
 def test_deadline_callback_can_schedule_another_deadline() -> None:
     fired: list[CancelSource] = []
     scheduled = threading.Event()
-    fired_by_timer(lambda: (fired.append(deadline(None, 0.01)), scheduled.set()), 0.01)
+
+    def schedule_another() -> None:
+        fired.append(deadline(None, 0.01))
+        scheduled.set()
+
+    fired_by_timer(schedule_another, 0.01)
     assert scheduled.wait(WAIT)
     assert fired[0].token.wait(WAIT)
     assert fired[0].timed_out
@@ -949,7 +964,12 @@ def test_100k_deep_chain_under_a_deadline_is_cancelled_by_the_timer(
     leaf = deep_chain(root.token, 100_000)
     fired: list[str] = []
     done = threading.Event()
-    leaf.on_cancel(lambda: (fired.append(threading.current_thread().name), done.set()))
+
+    def note_the_thread() -> None:
+        fired.append(threading.current_thread().name)
+        done.set()
+
+    leaf.on_cancel(note_the_thread)
     assert not leaf.cancelled
     clock.advance(0.001)
     assert leaf._cancelled  # white-box: pushed, not resolved on read
@@ -1449,12 +1469,15 @@ def test_cancel_between_two_registrations_runs_the_earlier_callbacks_in_the_canc
     calls: list[tuple[int, int]] = []  # (registration index, thread that ran it)
     registrar: list[int] = []
 
+    def record(index: int) -> None:
+        calls.append((index, threading.get_ident()))
+
     def register() -> None:
         registrar.append(threading.get_ident())
         for index in range(8):
             if index == 4:
                 between.hold()
-            src.token.on_cancel(lambda index=index: calls.append((index, threading.get_ident())))
+            src.token.on_cancel(functools.partial(record, index))
 
     thread = start_thread(register)
     assert between.reached.wait(WAIT)
@@ -1483,7 +1506,7 @@ def test_the_first_of_concurrent_cancels_wins_whichever_thread_makes_it(first: i
         assert go[index].wait(WAIT)
         results[index] = src.cancel(f"t{index}")
 
-    threads = [start_thread(lambda index=index: canceller(index)) for index in range(4)]
+    threads = [start_thread(functools.partial(canceller, index)) for index in range(4)]
     go[first].set()
     assert held.entered.wait(WAIT)  # `first` marked the tokens; its callbacks are under way
     for index in range(4):
@@ -1555,10 +1578,12 @@ def test_register_racing_cancel_runs_every_callback_exactly_once() -> None:
 
     def register(state: Round, rng: random.Random) -> None:
         me = threading.get_ident()
+
+        def record(index: int) -> None:
+            state.calls.append((index, threading.get_ident() == me))
+
         for index in range(count):
-            state.src.token.on_cancel(
-                lambda index=index: state.calls.append((index, threading.get_ident() == me))
-            )
+            state.src.token.on_cancel(functools.partial(record, index))
             spin(rng)
 
     def check(state: Round) -> Hashable:

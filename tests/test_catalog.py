@@ -21,7 +21,7 @@ def echo(args: Args, ctx: ToolContext) -> Any:
 
 def test_every_tool_field_after_fn_is_keyword_only() -> None:
     with pytest.raises(TypeError):
-        Tool("t", echo, "a description")  # type: ignore[misc]
+        Tool("t", echo, "a description")  # type: ignore[call-arg]  # positional on purpose
     tool = Tool("t", echo, description="d", title="T", validate_output=False)
     assert (tool.name, tool.description, tool.title) == ("t", "d", "T")
 
@@ -38,14 +38,14 @@ def test_names_inside_the_client_rule_are_accepted(name: str) -> None:
 
 
 def test_annotations_are_copied_and_frozen_when_the_tool_is_built() -> None:
-    given = {"readOnlyHint": True, "nested": {"k": [1, 2]}}
+    given: dict[str, Any] = {"readOnlyHint": True, "nested": {"k": [1, 2]}}
     tool = Tool("t", echo, annotations=given)
     given["readOnlyHint"] = False
     given["nested"]["k"].append(3)
     assert tool.annotations == {"readOnlyHint": True, "nested": {"k": (1, 2)}}
     assert isinstance(tool.annotations, FrozenDict)
     with pytest.raises(TypeError):
-        tool.annotations["readOnlyHint"] = False  # type: ignore[index]
+        tool.annotations["readOnlyHint"] = False
 
 
 def test_annotations_that_are_not_json_are_refused() -> None:

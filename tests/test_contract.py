@@ -21,6 +21,7 @@ from _registry_helpers import (
     Gate,
     Journal,
     Observed,
+    Proceed,
     default_sigint,
     holds_nothing,
     open_registry,
@@ -161,7 +162,8 @@ def test_hooks_receive_a_token_cancelled_whenever_the_callers_is(registry: ToolR
     caller = CancelSource()
     call = Caller(lambda: registry.execute("work", token=caller.token))
     gate.wait_reached()
-    assert not tokens[0].cancelled
+    cancelled_at_first = tokens[0].cancelled  # a name: mypy would keep it False past cancel()
+    assert not cancelled_at_first
     caller.cancel("stop")
     assert tokens[0].cancelled
     assert tokens[0].reason == "stop"
@@ -774,8 +776,16 @@ def test_pre_aborted_rechecks_do_not_stop_a_call_whose_hooks_wait(
 
 
 def add_every_hook(registry: ToolRegistry, journal: Journal) -> None:
-    registry.add_pre_execute(lambda call, token: journal(("pre", call.name)) or Ask("?"))
-    registry.set_approver(lambda call, reason, token: journal(("approver", call.name)) or True)
+    def pre(call: ToolCall, token: CancelToken) -> Ask:
+        journal(("pre", call.name))
+        return Ask("?")
+
+    def approver(call: ToolCall, reason: str, token: CancelToken) -> bool:
+        journal(("approver", call.name))
+        return True
+
+    registry.add_pre_execute(pre)
+    registry.set_approver(approver)
     registry.add_guard(lambda call: journal(("guard", call.name)))
 
     def wrapper(dispatch: Dispatch, proceed: Callable[[], Any]) -> Any:
@@ -1103,7 +1113,12 @@ def _close_from_pre_hook(registry: ToolRegistry, attempt: Callable[[], None]) ->
 def _close_from_approver(registry: ToolRegistry, attempt: Callable[[], None]) -> None:
     add_counting_tool(registry)
     registry.add_pre_execute(lambda call, token: Ask("?"))
-    registry.set_approver(lambda call, reason, token: attempt() or True)
+
+    def approver(call: ToolCall, reason: str, token: CancelToken) -> bool:
+        attempt()
+        return True
+
+    registry.set_approver(approver)
 
 
 def _close_from_guard(registry: ToolRegistry, attempt: Callable[[], None]) -> None:
@@ -1113,7 +1128,12 @@ def _close_from_guard(registry: ToolRegistry, attempt: Callable[[], None]) -> No
 
 def _close_from_wrapper(registry: ToolRegistry, attempt: Callable[[], None]) -> None:
     add_counting_tool(registry)
-    registry.add_around(lambda dispatch, proceed: attempt() or proceed())
+
+    def wrapper(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        attempt()
+        return proceed()
+
+    registry.add_around(wrapper)
 
 
 def _close_from_post_hook(registry: ToolRegistry, attempt: Callable[[], None]) -> None:

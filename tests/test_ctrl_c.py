@@ -269,8 +269,9 @@ def test_ctrl_c_handled_as_the_body_returns_is_reraised_not_hung(registry: ToolR
         if finished.wait(2.0):  # a bound on a call that needs microseconds after its body
             return
         rescued.set()
-        for state in list(registry._calls.values()):
-            done = getattr(state.body_run, "_done", None)
+        for state in list(registry._dispatcher._calls.values()):
+            body = getattr(state, "body", None)  # a call's latest body run (a batch has none)
+            done = getattr(body, "_done", None)
             if done is not None and done.locked():
                 done.release()
 

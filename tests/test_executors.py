@@ -52,7 +52,8 @@ def test_body_runs_on_a_pool_thread_named_toolreg_and_the_caller_joins(
 def test_thread_name_prefix_names_the_pool_threads() -> None:
     with open_registry(max_workers=1, thread_name_prefix="my-tools") as registry:
         registry.tool(name="where")(lambda args, ctx: threading.current_thread().name)
-        assert registry.execute("where").value.startswith("my-tools")
+        name = registry.execute("where").value
+        assert name is not None and name.startswith("my-tools")
 
 
 def test_given_thread_pool_runs_the_bodies_and_survives_close() -> None:
@@ -60,7 +61,8 @@ def test_given_thread_pool_runs_the_bodies_and_survives_close() -> None:
     try:
         with ToolRegistry(executor=pool) as registry:
             registry.tool(name="where")(lambda args, ctx: threading.current_thread().name)
-            assert registry.execute("where").value.startswith("given-pool")
+            name = registry.execute("where").value
+            assert name is not None and name.startswith("given-pool")
         assert registry.closed
         assert pool.submit(lambda: "still open").result(WAIT) == "still open"
     finally:
@@ -171,7 +173,12 @@ def test_worker_pool_shutdown_waits_for_a_worker_whose_thread_is_not_started_yet
             pass
 
     pool._hand_over(Item(), may_block=False)
-    shutdown = Caller(lambda: (pool.shutdown(wait=True), ran.is_set())[1], name="test-shutdown")
+
+    def shut_down() -> bool:
+        pool.shutdown(wait=True)
+        return ran.is_set()
+
+    shutdown = Caller(shut_down, name="test-shutdown")
     wait_until(lambda: pool._shutdown, "shutdown() to begin")  # white-box
     go.set()
     assert shutdown.join() is True, "shutdown(wait=True) returned before the accepted work ran"
@@ -182,7 +189,8 @@ def test_a_worker_pool_passed_in_runs_the_bodies_and_survives_close() -> None:
     try:
         with ToolRegistry(executor=pool) as registry:
             registry.tool(name="where")(lambda args, ctx: threading.current_thread().name)
-            assert registry.execute("where").value.startswith("given-workers-")
+            name = registry.execute("where").value
+            assert name is not None and name.startswith("given-workers-")
         assert registry.closed
         assert pool.submit(lambda: "still open").result(WAIT) == "still open"
     finally:

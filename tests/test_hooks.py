@@ -18,9 +18,11 @@ import pytest
 from _registry_helpers import (
     ABORTED,
     BEFORE,
+    Args,
     Caller,
     Journal,
     Observed,
+    Proceed,
     counting_tool,
     echo,
 )
@@ -32,10 +34,12 @@ from toolreg import (
     CancelSource,
     CancelToken,
     Deny,
+    Dispatch,
     ErrorCode,
     Registration,
     Tool,
     ToolCall,
+    ToolContext,
     ToolRegistry,
     ToolResult,
 )
@@ -44,11 +48,23 @@ from toolreg import (
 
 
 def _registrations(registry: ToolRegistry, journal: Journal) -> dict[str, Registration]:
+    def pre(call: ToolCall, token: CancelToken) -> Ask:
+        journal("pre")
+        return Ask("?")
+
+    def approver(call: ToolCall, reason: str, token: CancelToken) -> bool:
+        journal("approver")
+        return True
+
+    def around(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        journal("around")
+        return proceed()
+
     return {
-        "pre": registry.add_pre_execute(lambda call, token: journal("pre") or Ask("?")),
-        "approver": registry.set_approver(lambda call, reason, token: journal("approver") or True),
+        "pre": registry.add_pre_execute(pre),
+        "approver": registry.set_approver(approver),
         "guard": registry.add_guard(lambda call: journal("guard")),
-        "around": registry.add_around(lambda dispatch, proceed: journal("around") or proceed()),
+        "around": registry.add_around(around),
         "post": registry.add_post_execute(lambda result, token: journal("post")),
         "observer": registry.on_result(lambda result: journal("observer")),
     }
@@ -56,7 +72,12 @@ def _registrations(registry: ToolRegistry, journal: Journal) -> dict[str, Regist
 
 def test_every_hook_runs_once_in_stage_order(registry: ToolRegistry) -> None:
     journal = Journal()
-    registry.tool(name="work")(lambda args, ctx: journal("body") or "ok")
+
+    def body(args: Args, ctx: ToolContext) -> str:
+        journal("body")
+        return "ok"
+
+    registry.tool(name="work")(body)
     _registrations(registry, journal)
     assert registry.execute("work").ok
     assert journal.entries == ["pre", "approver", "guard", "around", "body", "post", "observer"]
@@ -86,13 +107,15 @@ def test_hooks_registered_during_a_call_serve_only_later_calls(registry: ToolReg
     counting_tool(registry)
     late: list[Registration] = []
 
+    def late_around(d: Dispatch, p: Proceed) -> ToolResult[Any]:
+        journal(("late-around", d.call.call_id))
+        return p()
+
     def first(call: ToolCall, token: CancelToken) -> None:
         journal(("first", call.call_id))
         if not late:
             late.append(registry.add_pre_execute(lambda c, t: journal(("late-pre", c.call_id))))
-            late.append(
-                registry.add_around(lambda d, p: journal(("late-around", d.call.call_id)) or p())
-            )
+            late.append(registry.add_around(late_around))
             late.append(
                 registry.add_post_execute(lambda r, t: journal(("late-post", r.call.call_id)))
             )
@@ -203,6 +226,16 @@ def test_malformed_hook_return_fails_closed_with_hook_error(
     assert observed.results == [result]
 
 
+def _add_hook(registry: ToolRegistry, kind: str, hook: Callable[..., Any]) -> Registration:
+    adders: dict[str, Callable[[Any], Registration]] = {
+        "pre": registry.add_pre_execute,
+        "guard": registry.add_guard,
+        "around": registry.add_around,
+        "post": registry.add_post_execute,
+    }
+    return adders[kind](hook)
+
+
 @pytest.mark.parametrize("kind", ["pre", "guard", "around", "post"])
 def test_hook_exception_becomes_hook_error_with_the_exception(
     registry: ToolRegistry, observed: Observed, kind: str
@@ -213,12 +246,7 @@ def test_hook_exception_becomes_hook_error_with_the_exception(
         raise boom
 
     counting_tool(registry)
-    {
-        "pre": registry.add_pre_execute,
-        "guard": registry.add_guard,
-        "around": registry.add_around,
-        "post": registry.add_post_execute,
-    }[kind](fail)
+    _add_hook(registry, kind, fail)
     result = registry.execute("work")
     assert result.code == ErrorCode.HOOK_ERROR
     assert result.error.exception is boom  # type: ignore[union-attr]
@@ -234,12 +262,7 @@ def test_hook_raising_cancelled_while_the_token_is_live_is_a_hook_error(
         raise Cancelled("not ours")
 
     counting_tool(registry)
-    {
-        "pre": registry.add_pre_execute,
-        "guard": registry.add_guard,
-        "around": registry.add_around,
-        "post": registry.add_post_execute,
-    }[kind](fail)
+    _add_hook(registry, kind, fail)
     assert registry.execute("work", token=CancelSource().token).code == ErrorCode.HOOK_ERROR
 
 
@@ -257,12 +280,7 @@ def test_hook_raising_cancelled_once_the_call_is_cancelled_is_cancellation(
         raise Cancelled("stop")
 
     counting_tool(registry)
-    {
-        "pre": registry.add_pre_execute,
-        "guard": registry.add_guard,
-        "around": registry.add_around,
-        "post": registry.add_post_execute,
-    }[kind](give_up)
+    _add_hook(registry, kind, give_up)
     assert registry.execute("work", token=caller.token).code == code
 
 
@@ -305,12 +323,19 @@ def test_approver_is_called_once_with_the_first_asks_reason(registry: ToolRegist
     counting_tool(registry)
     calls: list[tuple[str, str, CancelToken]] = []
     hook_tokens: list[CancelToken] = []
-    registry.add_pre_execute(lambda call, token: hook_tokens.append(token) or Ask("first"))
+
+    def first(call: ToolCall, token: CancelToken) -> Ask:
+        hook_tokens.append(token)
+        return Ask("first")
+
+    def approver(call: ToolCall, reason: str, token: CancelToken) -> bool:
+        calls.append((call.name, reason, token))
+        return True
+
+    registry.add_pre_execute(first)
     registry.add_pre_execute(lambda call, token: Allow())
     registry.add_pre_execute(lambda call, token: Ask("second"))
-    registry.set_approver(
-        lambda call, reason, token: calls.append((call.name, reason, token)) or True
-    )
+    registry.set_approver(approver)
     assert registry.execute("work").ok
     assert [(name, reason) for name, reason, _ in calls] == [("work", "first")]
     assert calls[0][2] is hook_tokens[0]  # the call's token
@@ -319,10 +344,23 @@ def test_approver_is_called_once_with_the_first_asks_reason(registry: ToolRegist
 def test_first_deny_stops_the_stage_and_skips_the_approver(registry: ToolRegistry) -> None:
     journal = Journal()
     starts = counting_tool(registry)
-    registry.add_pre_execute(lambda call, token: journal("ask") or Ask("?"))
-    registry.add_pre_execute(lambda call, token: journal("deny") or Deny("policy"))
+
+    def ask(call: ToolCall, token: CancelToken) -> Ask:
+        journal("ask")
+        return Ask("?")
+
+    def deny(call: ToolCall, token: CancelToken) -> Deny:
+        journal("deny")
+        return Deny("policy")
+
+    def approver(call: ToolCall, reason: str, token: CancelToken) -> bool:
+        journal("approver")
+        return True
+
+    registry.add_pre_execute(ask)
+    registry.add_pre_execute(deny)
     registry.add_pre_execute(lambda call, token: journal("never"))
-    registry.set_approver(lambda call, reason, token: journal("approver") or True)
+    registry.set_approver(approver)
     registry.add_guard(lambda call: journal("guard"))
     result = registry.execute("work")
     assert result.code == ErrorCode.DENIED
@@ -335,8 +373,17 @@ def test_set_approver_replaces_the_previous_one(registry: ToolRegistry) -> None:
     journal = Journal()
     counting_tool(registry)
     registry.add_pre_execute(lambda call, token: Ask("?"))
-    first = registry.set_approver(lambda call, reason, token: journal("first") or False)
-    second = registry.set_approver(lambda call, reason, token: journal("second") or True)
+
+    def refuse(call: ToolCall, reason: str, token: CancelToken) -> bool:
+        journal("first")
+        return False
+
+    def approve(call: ToolCall, reason: str, token: CancelToken) -> bool:
+        journal("second")
+        return True
+
+    first = registry.set_approver(refuse)
+    second = registry.set_approver(approve)
     assert registry.execute("work").ok
     assert journal.entries == ["second"]
     assert first.remove() is False  # it was replaced already: nothing to remove
@@ -434,7 +481,11 @@ def _denied(registry: ToolRegistry) -> ToolResult[Any]:
 
 def _aborted_in_pre_hook(registry: ToolRegistry) -> ToolResult[Any]:
     caller = CancelSource()
-    registry.add_pre_execute(lambda call, token: caller.cancel() and None)
+
+    def cancel_the_caller(call: ToolCall, token: CancelToken) -> None:
+        caller.cancel()
+
+    registry.add_pre_execute(cancel_the_caller)
     return registry.execute("work", token=caller.token)
 
 
@@ -451,7 +502,11 @@ def _schema_violation(registry: ToolRegistry) -> ToolResult[Any]:
 
 
 def _hook_error(registry: ToolRegistry) -> ToolResult[Any]:
-    registry.add_guard(lambda call: 1 / 0)
+
+    def broken(call: ToolCall) -> str | None:
+        raise ZeroDivisionError("division by zero")
+
+    registry.add_guard(broken)
     return registry.execute("work")
 
 

@@ -43,7 +43,8 @@ def test_long_lived_caller_token_holds_nothing_after_100000_calls_and_memory_is_
 
         @registry.tool
         def work(args: Args, ctx: ToolContext) -> int:
-            return args["n"]
+            n: int = args["n"]
+            return n
 
         session = CancelSource()
         token = session.token

@@ -169,7 +169,7 @@ def test_wait_idle_from_inside_a_hook_raises_inside_call_error(where: str) -> No
         if where == "pre_execute":
             registry.add_pre_execute(hook)
         elif where == "call_hook":
-            registry.add_call_hook(hook)  # type: ignore[arg-type]
+            registry.add_call_hook(hook)
         else:
             registry.add_post_execute(hook)
         assert registry.execute("t").ok

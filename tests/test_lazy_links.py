@@ -111,11 +111,14 @@ def test_a_callback_on_a_lazy_token_whose_parent_was_cancelled_runs_at_once() ->
 def test_a_callback_makes_a_lazy_deadline_fire_from_the_timer() -> None:
     names: list[str] = []
     done = threading.Event()
+
+    def note_the_thread() -> None:
+        names.append(threading.current_thread().name)
+        done.set()
+
     # Registered before its due time (`fired_by_timer`), so no read resolves it: only the
     # timer can have fired it, and the callback runs on a callback thread.
-    budget = fired_by_timer(
-        lambda: (names.append(threading.current_thread().name), done.set()), 0.01
-    )
+    budget = fired_by_timer(note_the_thread, 0.01)
     assert budget.token._timer is not None or budget.token.cancelled  # white-box: armed
     assert done.wait(WAIT)
     assert names == ["toolreg-callbacks"] and budget.timed_out  # fired by the timer thread

@@ -36,7 +36,8 @@ def test_context_manager_closes_and_close_is_idempotent() -> None:
     with ToolRegistry(max_workers=1) as registry:
         counting_tool(registry)
         assert registry.execute("work").ok
-        assert not registry.closed
+        closed_inside = registry.closed  # a name: mypy would keep registry.closed False below
+        assert not closed_inside
     assert registry.closed
     registry.close()
     assert registry.closed
@@ -71,12 +72,22 @@ def test_ctrl_c_in_close_cancels_waits_for_the_calls_then_reraises() -> None:
     # for them (never abandoning a body), finishes, and only then re-raises.
     registry = ToolRegistry(max_workers=1, thread_name_prefix="interrupted-close")
     gate = Gate()
-    registry.tool(name="slow")(lambda args, ctx: gate.hold() or "late")
+
+    def slow(args: Args, ctx: ToolContext) -> str:
+        gate.hold()
+        return "late"
+
+    registry.tool(name="slow")(slow)
     call = Caller(lambda: registry.execute("slow"))
     gate.wait_reached()
     with default_sigint():
         presser = send_ctrl_c_when(gate.reached)  # close() blocks waiting for the body
-        releaser = Caller(lambda: (presser.join(), gate.release()))
+
+        def release_after_the_press() -> None:
+            presser.join()
+            gate.release()
+
+        releaser = Caller(release_after_the_press)
         with pytest.raises(KeyboardInterrupt):
             registry.close()
         releaser.join()

@@ -97,10 +97,8 @@ def result_of(
         base: ToolResult[Any] = ToolResult.success(call, "value")
     else:
         base = ToolResult.failure(call, failure[0], "placeholder")
-        base = dataclasses.replace(
-            base,
-            error=dataclasses.replace(base.error, message=failure[1]),  # type: ignore[arg-type]
-        )
+        assert base.error is not None  # a failure carries its error
+        base = dataclasses.replace(base, error=dataclasses.replace(base.error, message=failure[1]))
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     fields.update(dispatched=dispatched, duration=duration, timeline=timeline)
     return ToolResult(**fields)

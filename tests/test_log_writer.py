@@ -180,7 +180,12 @@ def test_flush_waits_until_every_line_logged_before_it_is_written(tmp_path: Path
             log(result(n))
         assert not log.flush(timeout=0.05)  # held: those lines cannot be written yet
         flushed = threading.Event()
-        flusher = threading.Thread(target=lambda: log.flush(WAIT) and flushed.set())
+
+        def flush_then_mark() -> None:
+            if log.flush(WAIT):
+                flushed.set()
+
+        flusher = threading.Thread(target=flush_then_mark)
         flusher.start()
         gate.release()
         flusher.join(WAIT)

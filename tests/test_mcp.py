@@ -109,11 +109,12 @@ class Tap:
 
     def progress(self) -> list[tuple[Any, float]]:
         """(progressToken, progress) of every progress notification, in wire order."""
-        return [
-            (m.params["progressToken"], m.params["progress"])
-            for m in self.sent
-            if isinstance(m, types.JSONRPCNotification) and m.method == "notifications/progress"
-        ]
+        found: list[tuple[Any, float]] = []
+        for m in self.sent:
+            if isinstance(m, types.JSONRPCNotification) and m.method == "notifications/progress":
+                assert m.params is not None
+                found.append((m.params["progressToken"], m.params["progress"]))
+        return found
 
 
 class Settled:
@@ -167,7 +168,7 @@ async def wire(
     settled = Settled()
     server.middleware.append(settled)
     taps: list[Tap] = []
-    async with Client(tapped(server, taps), mode=mode, **client_options) as client:  # type: ignore[arg-type]
+    async with Client(tapped(server, taps), mode=mode, **client_options) as client:
         yield Wire(client, taps[0], settled)
 
 
@@ -354,7 +355,7 @@ def test_a_success_is_text_plus_structured_content_when_the_value_is_an_object()
 def add_failing_tools(registry: ToolRegistry, server_source: CancelSource) -> None:
     registry.add_around(TimeoutPolicy())
     registry.add_guard(lambda call: "guarded" if call.name == "denied" else None)
-    registry.add_pre_execute(lambda call, token: 42 if call.name == "broken_hook" else None)  # type: ignore[arg-type, return-value]
+    registry.add_pre_execute(lambda call, token: 42 if call.name == "broken_hook" else None)  # type: ignore[arg-type]
     schema = {"properties": {"n": {"type": "integer"}}, "required": ["n"]}
 
     @registry.tool(description="wants n", parameters=schema)
@@ -496,7 +497,8 @@ def test_a_server_token_cancelled_before_the_request_runs_nothing() -> None:
 def test_a_client_cancel_reaches_a_cooperative_body_with_its_reason_and_is_never_answered(
     mode: str,
 ) -> None:
-    gate, seen = Gate(), {}
+    gate = Gate()
+    seen: dict[str, Any] = {}
     with served() as (registry, observed):
 
         @registry.tool(description="waits for its token")
@@ -542,7 +544,9 @@ def test_a_client_cancel_reaches_a_cooperative_body_with_its_reason_and_is_never
 
 
 def test_a_read_timeout_answers_the_client_at_once_while_the_server_joins_the_body() -> None:
-    gate, seen, journal = Gate(), {}, []
+    gate = Gate()
+    seen: dict[str, Any] = {}
+    journal: list[object] = []
     with served() as (registry, observed):
         registry.on_result(lambda result: journal.append(("result", result.code)))
 
@@ -1016,7 +1020,7 @@ def test_streamable_http_on_localhost_serves_and_cancels_on_read_timeout(mode: s
                 group.start_soon(partial(http.serve, sockets=[sock]))
                 url = f"http://127.0.0.1:{port}/mcp"
                 try:
-                    async with Client(url, mode=mode) as client:  # type: ignore[arg-type]
+                    async with Client(url, mode=mode) as client:
                         listing = await client.list_tools()
                         assert [t.name for t in listing.tools] == ["add", "stubborn"]
                         added = await client.call_tool("add", {"a": 1, "b": 2})
@@ -1051,7 +1055,7 @@ def test_the_cli_serves_streamable_http_and_stops_on_sigterm_after_joining_calls
         assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp")
 
         async def main() -> None:
-            async with Client(url, mode="legacy") as client:  # type: ignore[arg-type]
+            async with Client(url, mode="legacy") as client:
                 assert (await client.call_tool("add", {"a": 1, "b": 1})).structured_content
                 async with anyio.create_task_group() as group:
 

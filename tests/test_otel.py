@@ -14,8 +14,9 @@ import sys
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, cast
 
 import pytest
 from _registry_helpers import (
@@ -36,7 +37,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import SpanContext, SpanKind, StatusCode
 
 import toolreg.otel
 from toolreg import (
@@ -99,7 +100,7 @@ def parent_of(span: ReadableSpan) -> int | None:
 
 
 def span_id(span: ReadableSpan) -> int:
-    context = span.context
+    context: SpanContext | None = span.context  # ReadableSpan.context is unannotated
     assert context is not None
     return context.span_id
 
@@ -114,7 +115,7 @@ def moment(result: ToolResult[Any], offset: float) -> float:
     return (result.timeline.entered + offset) * NS
 
 
-def instrumented(spans: Spans, **options: Any) -> Any:
+def instrumented(spans: Spans, **options: Any) -> AbstractContextManager[ToolRegistry]:
     """A registry (closed at the end of the block) with tracing on."""
 
     class Block:
@@ -177,6 +178,16 @@ def test_a_tool_without_a_description_has_no_description_attribute(spans: Spans)
     assert "gen_ai.tool.description" not in (spans.one("execute_tool t").attributes or {})
 
 
+def held_then(gate: Gate, value: str) -> Callable[[Args, ToolContext], str]:
+    """A body that holds at `gate`, then returns `value`."""
+
+    def body(args: Args, ctx: ToolContext) -> str:
+        gate.hold()
+        return value
+
+    return body
+
+
 def failing_registry(registry: ToolRegistry, code: ErrorCode) -> ToolCall:
     """Set `registry` up so that the call returned fails with `code`."""
     registry.tool(name="t", description="A tool")(lambda args, ctx: "ok")
@@ -192,7 +203,7 @@ def failing_registry(registry: ToolRegistry, code: ErrorCode) -> ToolCall:
     if code is ErrorCode.DENIED:
         registry.add_guard(lambda call: "not today")
     if code is ErrorCode.HOOK_ERROR:
-        registry.add_pre_execute(lambda call, token: 1 / 0)  # type: ignore[arg-type,return-value]
+        registry.add_pre_execute(lambda call, token: 1 / 0)  # type: ignore[arg-type]
     if code is ErrorCode.TOOL_ERROR:
         return ToolCall("broken", call_id="c")
     return ToolCall("t", call_id="c")
@@ -352,7 +363,10 @@ def test_batch_calls_are_children_of_the_batch_callers_span(spans: Spans) -> Non
         results = Caller(run).join()
     assert all(result.ok for result in results)
     turn = spans.one("turn")
-    calls = {dict(span.attributes or {})["gen_ai.tool.call.id"]: span for span in spans.calls()}
+    calls = {
+        cast(str, dict(span.attributes or {})["gen_ai.tool.call.id"]): span
+        for span in spans.calls()
+    }
     assert sorted(calls) == ["a", "b", "c"]
     for call_id, call in calls.items():
         assert parent_of(call) == span_id(turn)
@@ -365,7 +379,7 @@ def test_a_batch_call_left_unstarted_by_a_cancel_gets_its_span_under_the_caller(
     gate = Gate()
     turn_source = CancelSource()
     with instrumented(spans, max_workers=2) as registry:
-        registry.tool(name="hold")(lambda args, ctx: gate.hold() or "late")
+        registry.tool(name="hold")(held_then(gate, "late"))
         registry.tool(name="next")(lambda args, ctx: "never")
         batch = [ToolCall("hold", call_id="a"), ToolCall("next", call_id="b")]
 
@@ -428,7 +442,7 @@ def test_awaited_calls_and_batches_are_children_of_the_awaiting_tasks_span(
 def test_an_awaited_call_cancelled_while_queued_still_gets_a_span(spans: Spans) -> None:
     gate = Gate()
     with instrumented(spans, max_workers=1) as registry:
-        registry.tool(name="hold")(lambda args, ctx: gate.hold() or "ok")
+        registry.tool(name="hold")(held_then(gate, "ok"))
         registry.tool(name="queued")(lambda args, ctx: "never")
         observed: list[ToolResult[Any]] = []
         registry.on_result(observed.append)
@@ -463,7 +477,7 @@ def test_an_awaited_call_cancelled_while_queued_is_a_child_of_the_tasks_span(
 ) -> None:
     gate = Gate()
     with instrumented(spans, max_workers=1) as registry:
-        registry.tool(name="hold")(lambda args, ctx: gate.hold() or "ok")
+        registry.tool(name="hold")(held_then(gate, "ok"))
         registry.tool(name="queued")(lambda args, ctx: "never")
         holder = Caller(lambda: registry.execute("hold"))
         gate.wait_reached()
@@ -670,7 +684,7 @@ def test_an_overdue_body_gets_an_overdue_event(
     gate = Gate()
     caller = CancelSource()
     with instrumented(spans, overdue_after=0.01) as registry:
-        registry.tool(name="stubborn")(lambda args, ctx: gate.hold() or "late")
+        registry.tool(name="stubborn")(held_then(gate, "late"))
         call = Caller(lambda: registry.execute("stubborn", token=caller.token))
         gate.wait_reached()
         before_cancel = time.time_ns()
@@ -707,7 +721,7 @@ def test_remove_stops_new_spans(spans: Spans) -> None:
 def test_remove_while_a_call_is_in_flight_lets_that_call_end_its_span(spans: Spans) -> None:
     gate = Gate()
     with open_registry() as registry:
-        registry.tool(name="t")(lambda args, ctx: gate.hold() or "ok")
+        registry.tool(name="t")(held_then(gate, "ok"))
         registration = toolreg.otel.instrument(registry, tracer_provider=spans.provider)
         call = Caller(lambda: registry.execute("t"))
         gate.wait_reached()  # the body runs under the call's span

@@ -64,6 +64,7 @@ from toolreg import (
     timeout_of,
 )
 from toolreg._body import ToolContext as BodyRun
+from toolreg._body import run_body
 from toolreg._cancel import _TIMER, manual_clock
 from toolreg._interrupts import MAIN_THREAD_SLICE, MAX_WAIT, slice_for
 from toolreg._timer import ManualClock
@@ -592,7 +593,7 @@ def test_deadline_firing_after_the_body_returned_is_not_a_timeout(
     """
     held = threading.Event()
     live_at_return: list[bool] = []
-    real_run_body = toolreg._pipeline.run_body
+    real_run_body = run_body  # what _pipeline imported from _body: replaced there below
 
     def join_then_linger(state: Any, ctx: BodyRun, submit: Any, interrupted: Any) -> Any:
         refused = real_run_body(state, ctx, submit, interrupted)

@@ -37,7 +37,6 @@ from toolreg import (
     ToolContext,
     ToolRegistry,
     deadline,
-    process,
 )
 from toolreg.process import ProcessError, ProcessResult, run, scrubbed_env
 
@@ -533,7 +532,7 @@ def test_cancel_and_timeout_seen_together_go_to_the_earlier(
     # timestamp, taken by its callback, decides. Driving it through a live child cannot force
     # this interleaving.
     until = time.monotonic() - 1
-    supervision = process._Supervision(until, 0, None, None)
+    supervision = toolreg._process._Supervision(until, 0, None, None)
     supervision._cancelled_at = until + cancel_offset
     try:
         supervision._wait_for_exit_or_stop()
@@ -904,5 +903,5 @@ def test_many_runs_leak_no_file_descriptor_thread_or_registration(exit_watch: st
     assert len(os.listdir("/proc/self/fd")) == fds
     assert threading.active_count() == threads
     gc.collect()
-    leaked = [obj for obj in gc.get_objects() if isinstance(obj, process._Supervision)]
+    leaked = [obj for obj in gc.get_objects() if isinstance(obj, toolreg._process._Supervision)]
     assert not leaked, "a run left its cancel callback registered on the caller's token"

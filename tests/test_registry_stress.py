@@ -27,6 +27,7 @@ from _registry_helpers import (
     ABORTED,
     BEFORE,
     Caller,
+    Proceed,
     holds_nothing,
     open_fds,
     threads_of_our_own,
@@ -113,7 +114,7 @@ def build_registry(ledger: Ledger) -> ToolRegistry:
     def guard(call: ToolCall) -> str | None:
         return "denied by policy" if call.arguments and call.arguments.get("deny") else None
 
-    def wrapper(dispatch: Dispatch, proceed: Any) -> ToolResult[Any]:
+    def wrapper(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
         arguments = dispatch.call.arguments or {}
         if not arguments.get("scope"):
             return proceed()

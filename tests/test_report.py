@@ -26,6 +26,7 @@ from toolreg._report import (
     DEFAULT_OVERDUE,
     MISSING_EXTRA,
     Call,
+    ReportData,
     choose_drawn,
     collect,
     parse_time,
@@ -248,7 +249,9 @@ def test_rotated_and_gzipped_siblings_are_read_and_bad_lines_counted(tmp_path: P
 
 
 def test_tool_filter_and_time_window_keep_overlapping_calls(known_log: Path) -> None:
-    ids = lambda data: [call.call_id for call in data.calls]  # noqa: E731
+    def ids(data: ReportData) -> list[str]:
+        return [call.call_id for call in data.calls]
+
     assert ids(collect([str(known_log)], tools=["crawl", "nope"])) == [
         "c-coop",
         "c-before",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -435,7 +436,12 @@ def test_an_exception_from_a_signal_handler_cancels_joins_observes_once_then_pro
 def test_a_body_the_executor_drops_ends_the_call_at_once(facade: str) -> None:
     executor = ThreadPoolExecutor(max_workers=1)
     occupied, free = threading.Event(), threading.Event()
-    executor.submit(lambda: (occupied.set(), free.wait(WAIT)))  # its only worker is busy
+
+    def occupy() -> bool:
+        occupied.set()
+        return free.wait(WAIT)
+
+    executor.submit(occupy)  # its only worker is busy
     assert occupied.wait(WAIT)
     registry = ToolRegistry(executor=executor)
     ran = Journal()
@@ -519,7 +525,10 @@ def test_async_execute_without_a_running_loop_raises_and_leaks_no_in_flight_coun
         closer.join()  # bounded: with the leak, close() waits forever
     finally:
         if not closer.done.is_set():
-            registry._leave()  # white-box clean-up: undo the leaked count, close() then ends
+            # White-box clean-up: count the leaked entries out, close() then ends.
+            dispatcher = registry._dispatcher
+            for key in list(dispatcher._calls):
+                dispatcher.untrack(key)
             closer.done.wait(WAIT)
     assert registry.closed
 
@@ -881,7 +890,7 @@ def test_a_hook_cannot_change_the_frozen_arguments_even_through_init(
     def tamper(call: ToolCall, token: CancelToken) -> None:
         arguments: Any = call.arguments
         arguments.__init__(q="evil", extra=1)  # a no-op: it was filled at construction
-        for name, attempt in [
+        tampering: list[tuple[str, Callable[[], object]]] = [
             ("__class__", lambda: setattr(arguments, "__class__", dict)),
             ("__setitem__", lambda: arguments.__setitem__("q", "evil")),
             ("update", lambda: arguments.update(q="evil")),
@@ -889,7 +898,8 @@ def test_a_hook_cannot_change_the_frozen_arguments_even_through_init(
             ("setdefault", lambda: arguments.setdefault("new", 1)),
             ("pop", lambda: arguments.pop("q")),
             ("clear", lambda: arguments.clear()),
-        ]:
+        ]
+        for name, attempt in tampering:
             try:
                 attempt()
             except TypeError:
@@ -1099,11 +1109,12 @@ def test_a_schema_ref_outside_the_schema_is_refused_at_registration_and_nothing_
         local.write_text('{"type": "object"}')
         ref = local.as_uri()
     pointer = {"$ref": ref}
-    schema: dict[str, Any] = {
+    schemas: dict[str, dict[str, Any]] = {
         "root": pointer,
         "property": {"type": "object", "properties": {"a": pointer}},
         "inside enum data": {"type": "object", "properties": {"a": {"enum": [pointer]}}},
-    }[place]
+    }
+    schema = schemas[place]
 
     with pytest.raises(ValueError, match="schema"):
         registry.register(Tool("t", echo, parameters=schema))
@@ -1166,7 +1177,9 @@ def test_env_none_drops_url_passwords_and_token_suffixes_and_keeps_the_rest(
     shown = scrubbed_env()
     result = run(["env"], token=CancelSource().token, text=True)
 
-    child = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    assert result.stdout is not None  # captured (capture_output=True)
+    pairs = (line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    child = {name: value for name, value in pairs}
     for name in (*SECRET_VALUES, *SECRET_NAMES):
         assert name not in shown and name not in child, name
     for name, value in KEPT.items():
@@ -1243,12 +1256,19 @@ def test_a_slow_deadline_callback_does_not_delay_other_deadlines_or_their_callba
     entered, release = threading.Event(), threading.Event()
     other_ran = threading.Event()
     names: list[str] = []
-    fired_by_timer(lambda: (entered.set(), release.wait(WAIT)))
+
+    def slow() -> None:
+        entered.set()
+        release.wait(WAIT)
+
+    def note_the_thread() -> None:
+        names.append(threading.current_thread().name)
+        other_ran.set()
+
+    fired_by_timer(slow)
     try:
         assert entered.wait(WAIT)  # a callback thread is blocked in the slow callback
-        other = fired_by_timer(
-            lambda: (names.append(threading.current_thread().name), other_ran.set())
-        )
+        other = fired_by_timer(note_the_thread)
         assert other.token.wait(WAIT) and other.timed_out  # fired while the slow one blocks
         assert other_ran.wait(WAIT)  # and its callback ran, on another callback thread
         assert not release.is_set()
@@ -1262,11 +1282,16 @@ def test_job_threads_run_every_job_while_one_job_blocks() -> None:
     journal = Journal()
     release = threading.Event()
     all_done = threading.Event()
+
+    def blocker() -> None:
+        journal("blocker")
+        release.wait(WAIT)
+
     try:
-        jobs.call_soon(lambda: (journal("blocker"), release.wait(WAIT)))
+        jobs.call_soon(blocker)
         wait_until(lambda: journal.entries == ["blocker"], "the blocker to start")
         for n in range(5):
-            jobs.call_soon(lambda n=n: journal(n))
+            jobs.call_soon(functools.partial(journal, n))
         jobs.call_soon(all_done.set)
         assert all_done.wait(WAIT)  # while the blocker still blocks
         assert journal.entries[0] == "blocker" and sorted(journal.entries[1:]) == [0, 1, 2, 3, 4]

@@ -27,7 +27,9 @@ def test_a_runner_runs_on_the_stage_thread_and_its_value_is_the_result() -> None
 
     def runner(ctx: ToolContext) -> Any:
         threads.append(threading.get_ident())
-        return {"ran": ctx.call.arguments["x"]}
+        arguments = ctx.call.arguments
+        assert arguments is not None  # the executed call's, frozen
+        return {"ran": arguments["x"]}
 
     with open_registry() as registry:
         registry.tool(name="r")(remote(runner))

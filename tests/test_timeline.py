@@ -117,7 +117,12 @@ def test_an_uncooperative_body_settles_well_after_its_cancellation() -> None:
     gate = Gate()
     caller = CancelSource()
     with open_registry() as registry:
-        registry.tool(name="stubborn")(lambda args, ctx: gate.hold() or "done")
+
+        def stubborn(args: Args, ctx: ToolContext) -> str:
+            gate.hold()
+            return "done"
+
+        registry.tool(name="stubborn")(stubborn)
         call = Caller(lambda: registry.execute("stubborn", token=caller.token))
         gate.wait_reached()
         caller.cancel("stop")

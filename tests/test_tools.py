@@ -264,7 +264,12 @@ def test_tool_removed_while_its_call_is_in_flight_finishes_that_call(
     registry: ToolRegistry,
 ) -> None:
     gate = Gate()
-    registration = registry.register(Tool("slow", lambda args, ctx: gate.hold() or "done"))
+
+    def slow(args: Args, ctx: ToolContext) -> str:
+        gate.hold()
+        return "done"
+
+    registration = registry.register(Tool("slow", slow))
     call = Caller(lambda: registry.execute("slow"))
     gate.wait_reached()
     assert registration.remove() is True

@@ -38,7 +38,12 @@ from toolreg._hooks import HookSet, HookTable
 
 def test_wrappers_nest_in_registration_order_first_outermost(registry: ToolRegistry) -> None:
     journal = Journal()
-    registry.tool(name="work")(lambda args, ctx: journal("body") or "ok")
+
+    def body(args: Args, ctx: ToolContext) -> str:
+        journal("body")
+        return "ok"
+
+    registry.tool(name="work")(body)
 
     def make(label: str) -> Callable[[Dispatch, Proceed], ToolResult[Any]]:
         def wrapper(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
@@ -270,11 +275,13 @@ def test_a_registered_policy_is_still_known_as_the_registrys_own() -> None:
     table = HookTable()
     table.add("around", TimeoutPolicy())
     table.add("around", RetryPolicy())
-    assert table.current.results_unseen
-    assert all(run is not None for run in table.current.chain_runs)
+    before = table.current  # a set each: mypy would keep `table.current.…` narrowed past add()
+    assert before.results_unseen
+    assert all(run is not None for run in before.chain_runs)
     table.add("around", lambda d, p: p())
-    assert not table.current.results_unseen
-    assert table.current.chain_runs[-1] is None
+    after = table.current
+    assert not after.results_unseen
+    assert after.chain_runs[-1] is None
 
 
 def test_a_policy_subclass_runs_through_its_own_call_with_a_proceed(
@@ -307,7 +314,12 @@ def test_a_proceed_on_another_thread_at_either_depth_of_a_chain_runs_and_joins_t
     """`proceed()` called on another thread, from the outer wrapper (the rest of the chain) or
     the innermost one (the body): it runs what is left, and execute returns its result."""
     journal = Journal()
-    registry.tool(name="work")(lambda args, ctx: journal(threading.current_thread().name) or "ok")
+
+    def work(args: Args, ctx: ToolContext) -> str:
+        journal(threading.current_thread().name)
+        return "ok"
+
+    registry.tool(name="work")(work)
 
     def make(label: str) -> AroundWrapper:
         def wrapper(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
