@@ -232,3 +232,23 @@ def test_a_lazy_caller_token_cancelled_before_the_call_is_read_as_cancelled_at_e
     else:
         assert result.code == ErrorCode.ABORTED_BEFORE_DISPATCH
         assert starts == []
+
+
+def test_a_policy_deadline_closes_without_a_last_read_and_leaves_nothing_on_the_call() -> None:
+    """`close_token` (TimeoutPolicy's deadline, closed after the body was joined) drops a cause
+    nobody read; one a listener made eager is unlinked from the call's token and its timer
+    disarmed (white-box: `_children`)."""
+    with _cancel.manual_clock() as clock:
+        call = CancelSource()
+        unread = _cancel.deadline_token(call.token, 0.01, "T")
+        clock.advance(0.02)  # due, and nobody has read it
+        _cancel.close_token(unread)
+        assert not unread.cancelled and not _cancel.timed_out(unread)
+        heard: list[str] = []
+        listened = _cancel.deadline_token(call.token, 0.01, "T")
+        listened.on_cancel(lambda: heard.append("fired"))
+        assert call.token._children  # linked into the call's token, its timer armed
+        _cancel.close_token(listened)
+        assert not call.token._children
+        clock.advance(0.02)
+        assert not listened.cancelled and heard == []
