@@ -128,14 +128,16 @@ def _report_public_module(value: object) -> None:
             value.__module__ = __name__
 
 
-def __getattr__(name: str) -> _Any:
-    if name == "WorkerPool":
-        from ._pool import WorkerPool
+if not _TYPE_CHECKING:  # hidden from type checkers, so `from toolreg import Typo` is an error
 
-        _report_public_module(WorkerPool)
-        globals()[name] = WorkerPool  # found directly from now on
-        return WorkerPool
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def __getattr__(name: str) -> _Any:
+        if name == "WorkerPool":
+            from ._pool import WorkerPool
+
+            _report_public_module(WorkerPool)
+            globals()[name] = WorkerPool  # found directly from now on
+            return WorkerPool
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
