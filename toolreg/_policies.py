@@ -87,13 +87,16 @@ class TimeoutPolicy:
         dispatch._token = budget
         try:
             result = proceed(*args)
+            # Read before closing (a closed lazy deadline is not resolved again): a token below
+            # it that the body observed may have inherited its due time without marking it.
+            error = result.error
+            expired = error is not None and error.code in _CANCELLATIONS and timed_out(budget)
         finally:
             close_token(budget)  # disarm first: from here on the timer cannot fire
             if follows is not None:
                 follows.close()
             dispatch._token = previous
-        error = result.error
-        if error is not None and error.code in _CANCELLATIONS and timed_out(budget):
+        if expired:
             message = f"tool call timed out after {format(seconds, 'g')}s"
             return ToolResult.failure(result.call, ErrorCode.TOOL_TIMEOUT, message, result.contexts)
         return result
