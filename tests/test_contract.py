@@ -44,6 +44,7 @@ from toolreg import (
     ToolContext,
     ToolRegistry,
     ToolResult,
+    _body,
     deadline,
 )
 
@@ -262,6 +263,60 @@ def test_cancel_while_queued_behind_busy_pool_returns_at_once_and_body_never_run
         assert registry.execute("queued").ok
         assert len(starts) == 1
         assert result.call.call_id not in starts
+
+
+class ListenSpy:
+    """Records when the join registers who wakes it on cancellation (`_body._listen`)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        self.registered = threading.Event()
+        real = _body._listen
+
+        def listen(state: Any, ctx: Any, due: Any) -> Any:
+            self.calls += 1
+            registration = real(state, ctx, due)
+            self.registered.set()
+            return registration
+
+        monkeypatch.setattr(_body, "_listen", listen)
+
+
+def test_a_body_an_idle_worker_took_and_that_settles_at_once_registers_no_listener(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker that took the body starts it, or refuses it at its token check, by itself:
+    within the first wait the caller's token gets no listener (contract A.1)."""
+    monkeypatch.setattr(_body, "LISTEN_AFTER", WAIT)  # the first wait outlasts the body
+    spy = ListenSpy(monkeypatch)
+    with open_registry(max_workers=1) as registry:
+        registry.register(Tool("quick", lambda args, ctx: "done"))
+        caller = CancelSource()
+        assert registry.execute("quick", token=caller.token).ok
+        assert spy.calls == 0
+        assert not caller.token._listeners  # white-box: nothing was ever registered on it
+
+
+def test_a_body_that_outlasts_the_first_wait_gets_its_listener_and_its_cancellation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the first wait the join registers the listener while the body runs; the caller's
+    cancellation then reaches the call, and nothing stays on the caller's token."""
+    monkeypatch.setattr(_body, "LISTEN_AFTER", 0.001)
+    spy = ListenSpy(monkeypatch)
+    with open_registry(max_workers=1) as registry:
+
+        def body(args: Args, ctx: ToolContext) -> str:
+            assert spy.registered.wait(WAIT)  # held until the join has registered
+            caller.cancel("stop")
+            return "late"
+
+        registry.register(Tool("slow", body))
+        caller = CancelSource()
+        result = registry.execute("slow", token=caller.token)
+        assert spy.calls == 1
+        assert result.code == ABORTED and result.dispatched
+        assert not caller.token._listeners  # white-box: removed after the join
 
 
 def test_wrapper_deadline_expired_before_proceed_aborts_before_dispatch(

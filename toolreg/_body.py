@@ -310,6 +310,10 @@ class ToolContext(Claim):
 
 Submit = Callable[[ToolContext], bool]  # hands the body to a worker; True if one took it at once
 
+# Seconds the joiner of a body an idle worker took waits before it registers who wakes it on
+# cancellation (`run_body`): a body that settles sooner costs no listener on the caller's token.
+LISTEN_AFTER = 0.005
+
 
 def run_body(
     state: CallState,
@@ -343,12 +347,13 @@ def run_body(
                 watch.remove()
         return None
     # What the join needs is worked out before the hand-off: from the hand-off until the join
-    # blocks, a worker woken on another CPU waits for the GIL. With a deadline's reads and the
-    # caller's listener in that window it slept on the GIL once more in most calls (0.9 more
-    # wake-ups per call, bench_wakeups, cross), so a body token of its own is listened to
-    # first. The call's own token is listened to after the hand-off: that listener alone fits
-    # in the shadow of the worker's wake-up, and before it the worker, woken on the same CPU,
-    # slept once more in one call in five (same).
+    # blocks, a worker woken on another CPU waits for the GIL, so nothing that can wait runs
+    # in that window. Who wakes the joiner if the body is cancelled before it starts (`_listen`)
+    # is registered only when it can matter: at once for a body left queued (a call cancelled
+    # while queued returns at once), and for a body an idle worker took only if it has not
+    # settled within a first short wait: that worker starts it, or refuses it at its token
+    # check, without anyone's help, and most bodies settle long before. A cancellation that
+    # came before the registration runs it at once, so the late one misses nothing.
     token = ctx.token
     own = token is state.token
     due = None if own else token._lazy_due_above(state.token)
@@ -360,19 +365,21 @@ def run_body(
     listens = not own or (state.live and state.caller is not _NEVER)
     listener: Registration | None = None
     try:
-        if listens and not own:
-            listener = _listen(state, ctx, due)
+        taken = False
         try:
-            submit(ctx)
+            taken = submit(ctx)
         except RuntimeError as exc:  # the executor was shut down by its owner
             if ctx._claim_back() and not state.revoked():
                 return f"the executor refused the body: {exc}"
             # Cancelled meanwhile (a canceller may have claimed it first): it never starts, and
             # the join below finds it settled, so the call is ABORTED_BEFORE_DISPATCH.
-        if listens and own:
+        deferred = listens and taken
+        if listens and not taken:
             listener = _listen(state, ctx, due)
+        elif deferred and (first < 0 or first > LISTEN_AFTER):
+            first = LISTEN_AFTER
         if due is False:
-            due = None  # the body's token has the listener: no due time to wake at
+            due = None  # the body's token has (or gets) the listener: no due time to wake at
         done = ctx._done
         if first < 0:
             while not ctx._settled:  # no signal lands off the main thread: block until settled
@@ -384,6 +391,8 @@ def run_body(
             except BaseException as exc:  # asynchronous (a signal handler): cancel, go on
                 _interrupt_join(ctx, interrupted, exc)
         if not ctx._settled:
+            if deferred:
+                listener = _listen(state, ctx, due)
             wake_at = None if due is None else functools.partial(_due, due)
             wait_until(
                 ctx._is_settled,
