@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from _registry_helpers import (
@@ -47,22 +47,27 @@ from toolreg import (
 # == registration and stage order =============================================================
 
 
+Decision = TypeVar("Decision")
+
+
+def journaled(journal: Journal, entry: str, decision: Decision) -> Callable[..., Decision]:
+    """A hook (or approver) that notes `entry` in `journal`, then returns `decision`."""
+
+    def hook(*args: object) -> Decision:
+        journal(entry)
+        return decision
+
+    return hook
+
+
 def _registrations(registry: ToolRegistry, journal: Journal) -> dict[str, Registration]:
-    def pre(call: ToolCall, token: CancelToken) -> Ask:
-        journal("pre")
-        return Ask("?")
-
-    def approver(call: ToolCall, reason: str, token: CancelToken) -> bool:
-        journal("approver")
-        return True
-
     def around(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
         journal("around")
         return proceed()
 
     return {
-        "pre": registry.add_pre_execute(pre),
-        "approver": registry.set_approver(approver),
+        "pre": registry.add_pre_execute(journaled(journal, "pre", Ask("?"))),
+        "approver": registry.set_approver(journaled(journal, "approver", True)),
         "guard": registry.add_guard(lambda call: journal("guard")),
         "around": registry.add_around(around),
         "post": registry.add_post_execute(lambda result, token: journal("post")),
@@ -345,22 +350,10 @@ def test_first_deny_stops_the_stage_and_skips_the_approver(registry: ToolRegistr
     journal = Journal()
     starts = counting_tool(registry)
 
-    def ask(call: ToolCall, token: CancelToken) -> Ask:
-        journal("ask")
-        return Ask("?")
-
-    def deny(call: ToolCall, token: CancelToken) -> Deny:
-        journal("deny")
-        return Deny("policy")
-
-    def approver(call: ToolCall, reason: str, token: CancelToken) -> bool:
-        journal("approver")
-        return True
-
-    registry.add_pre_execute(ask)
-    registry.add_pre_execute(deny)
+    registry.add_pre_execute(journaled(journal, "ask", Ask("?")))
+    registry.add_pre_execute(journaled(journal, "deny", Deny("policy")))
     registry.add_pre_execute(lambda call, token: journal("never"))
-    registry.set_approver(approver)
+    registry.set_approver(journaled(journal, "approver", True))
     registry.add_guard(lambda call: journal("guard"))
     result = registry.execute("work")
     assert result.code == ErrorCode.DENIED
