@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import gc
 import importlib
 import re
 import types
+import weakref
 from pathlib import Path
 
 import pytest
@@ -135,3 +138,52 @@ def test_readme_quickstart_runs(capsys: pytest.CaptureFixture[str]) -> None:
     code = compile(quickstart(), f"{README}:quickstart", "exec")
     exec(code, {"__name__": "__quickstart__"})
     capsys.readouterr()  # whatever it prints is for a reader, not for this test
+
+
+# -- the seam: who may reach the registry's module ------------------------------------------------
+
+
+def _runtime_imports_of_registry(path: Path) -> list[int]:
+    """Lines of `path` that import `toolreg._registry` at run time (not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            typing_only.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    lines = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""  # `from . import x`: no module, names only
+            names = {alias.name for alias in node.names}
+            if module.split(".")[-1] == "_registry" or "_registry" in names:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_nothing_but_the_package_init_imports_the_registry_module_at_run_time() -> None:
+    package = Path(toolreg.__file__).parent
+    found = {
+        str(path.relative_to(package)): lines
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "__init__.py" or path.parent != package
+        for lines in [_runtime_imports_of_registry(path)]
+        if lines
+    }
+    assert found == {}  # they reach the dispatcher through `_dispatch`, the class via `toolreg`
+    assert _runtime_imports_of_registry(package / "__init__.py")  # the check sees imports
+
+
+def test_the_facade_finds_a_registrys_dispatcher_without_keeping_the_registry_alive() -> None:
+    from toolreg._dispatch import dispatcher_of
+
+    registry = toolreg.ToolRegistry(max_workers=1)
+    dispatcher = dispatcher_of(registry)
+    assert dispatcher is not None and dispatcher is registry._dispatcher  # white-box
+    assert dispatcher_of(object()) is None and dispatcher_of([]) is None  # not one: no error
+    registry.close()
+    gone = weakref.ref(registry)
+    del registry, dispatcher
+    gc.collect()
+    assert gone() is None  # the lookup holds the registry weakly

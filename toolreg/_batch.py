@@ -66,6 +66,7 @@ class BatchHost(Protocol):
         progress: Any = None,
         admitted: CatalogEntry | None = None,
         watcher: Any = None,
+        owns_call: bool = False,
     ) -> tuple[ToolResult[Any], BaseException | None]: ...
 
     def unstarted(self, call: ToolCall) -> tuple[ToolResult[Any], BaseException | None]: ...

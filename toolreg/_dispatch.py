@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
     from ._hooks import HookSet
 
-__all__ = ["Cancellable", "Dispatcher"]
+__all__ = ["Cancellable", "Dispatcher", "dispatcher_of"]
 
 
 class Cancellable(Protocol):
@@ -91,7 +91,9 @@ class Dispatcher:
         owns_executor: bool,
         overdue_after: float | None,
         name: str,
+        owner: object = None,
     ) -> None:
+        """`owner`: the façade this dispatcher serves (`dispatcher_of(owner)` finds it again)."""
         # `tools` and `submit` are plain attributes, not properties: each call reads both, and a
         # property is a Python frame per read. Neither changes after this.
         self.tools = tools
@@ -123,6 +125,8 @@ class Dispatcher:
             self._pool._hand_over if self._pool is not None else self._submit_foreign
         )
         _register(self)
+        if owner is not None:
+            _OWNED[owner] = weakref.ref(self)
 
     # -- running calls -----------------------------------------------------------------------
 
@@ -465,6 +469,22 @@ def _drop_if_cancelled(item: Any, future: Future[Any]) -> None:
 
 
 _callback_keys = itertools.count()  # keys for idle callbacks; next() is atomic
+
+# The façade (a `ToolRegistry`) -> its dispatcher, both held weakly: the asyncio facade finds a
+# registry's dispatcher here rather than through the registry's privates. The dispatcher refers
+# back to its façade (through the catalog's change callback), so a strong value would keep
+# every registry alive.
+_OWNED: weakref.WeakKeyDictionary[object, weakref.ref[Dispatcher]] = weakref.WeakKeyDictionary()
+
+
+def dispatcher_of(owner: object) -> Dispatcher | None:
+    """The dispatcher serving `owner` (a `ToolRegistry`), or None if it is not one."""
+    try:
+        ref = _OWNED.get(owner)
+    except TypeError:  # not weakly referenceable (or not hashable): not a registry
+        return None
+    return None if ref is None else ref()
+
 
 # -- process-level events: fork and interpreter exit ----------------------------------------
 

@@ -54,11 +54,11 @@ from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 
+from . import ToolRegistry  # the public class, through the package (it loads with it)
 from ._cancel import CancelSource, CancelToken
 from ._helper import HELPER
 from ._mcp_loop import ProgressPump
 from ._mcp_results import RequestCancelled, RequestId, answer
-from ._registry import ToolRegistry
 from ._results import ToolCall, ToolResult
 from .adapters._common import wait_settled
 from .aio import AsyncToolRegistry

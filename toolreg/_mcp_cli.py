@@ -14,7 +14,7 @@ import logging
 import sys
 from typing import Any
 
-from ._registry import ToolRegistry
+from . import ToolRegistry  # the public class, through the package (it loads with it)
 
 __all__ = ["HELP", "add_arguments", "load_registry", "run"]
 

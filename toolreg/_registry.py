@@ -139,7 +139,7 @@ class ToolRegistry:
         self._hooks = HookTable()
         self._tools = ToolTable(self._tools_changed)
         self._dispatcher: Dispatcher = Dispatcher(
-            self._tools, self._hooks, executor, owns, overdue_after, thread_name_prefix
+            self._tools, self._hooks, executor, owns, overdue_after, thread_name_prefix, self
         )
 
     # -- tools -----------------------------------------------------------------------------------
@@ -329,12 +329,12 @@ class ToolRegistry:
         signal handler raised meanwhile) once the call has settled and been observed.
         """
         call, owned = owned_call(call_or_name, arguments)  # a name: made and owned here
-        if token is None:  # `as_token`, its usual cases inline: each call comes through here
+        if token is None:  # `caller_token`, its usual cases inline: each call comes through here
             caller = _NEVER
         elif type(token) is CancelToken:
             caller = token
         else:
-            caller = as_token(token)
+            caller = _validate.caller_token(token)
         mode = _DIRECT if start_if_cancelled else _DIRECT_MODEL
         sink = None if progress is None else progress_sink(progress)
         result, interrupted = self._dispatcher.run(call, caller, mode, sink, owns_call=owned)
@@ -365,7 +365,9 @@ class ToolRegistry:
         """
         from ._batch import execute_batch  # loaded with the first batch
 
-        return execute_batch(self._dispatcher, calls, as_token(token), max_parallel, on_progress)
+        return execute_batch(
+            self._dispatcher, calls, _validate.caller_token(token), max_parallel, on_progress
+        )
 
     def in_flight(self) -> list[InFlightCall]:
         """A snapshot of the calls in progress (past their entry checks), oldest first."""
@@ -389,7 +391,7 @@ class ToolRegistry:
         one of this registry's own calls (a hook, a body, an observer) it raises
         `RuntimeError`: it would wait for itself.
         """
-        return self._dispatcher.wait_idle(check_wait(timeout))
+        return self._dispatcher.wait_idle(_validate.wait_timeout(timeout))
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -423,15 +425,6 @@ class ToolRegistry:
         )
 
 
-def as_token(token: object) -> CancelToken:
-    """The caller's token: None means never cancelled; anything else must be a token."""
-    if token is None:
-        return CancelToken.never()
-    if type(token) is CancelToken:
-        return token
-    return _validate.token(token, "token")
-
-
 def progress_sink(progress: object) -> ProgressSink | None:
     """The per-call filter in front of a `progress=` callback."""
     if progress is None:
@@ -439,24 +432,6 @@ def progress_sink(progress: object) -> ProgressSink | None:
     if not callable(progress):
         raise TypeError(f"progress must be callable, got {type(progress).__name__}")
     return ProgressSink(progress)
-
-
-def check_wait(timeout: object) -> float | None:
-    """A wait's `timeout`: None, or seconds >= 0 (capped at the platform's longest wait)."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"timeout must be seconds or None, got {type(timeout).__name__}")
-    if timeout != timeout:
-        raise ValueError("timeout must be a number of seconds, got NaN")
-    try:
-        seconds = float(timeout)
-    except OverflowError:  # an int beyond float: as good as forever
-        return None
-    return max(0.0, seconds) if seconds < _LONGEST_WAIT else None
-
-
-_LONGEST_WAIT = 1e9  # seconds (~31 years): longer waits mean "forever"
 
 
 def _check_callable(fn: object, what: str) -> None:

@@ -11,6 +11,10 @@
   `float`. The message shows a huge int by its size, never by its digits.
 * `token(value, what)`: a `CancelToken`; `TypeError` otherwise, with a hint when a
   `CancelSource` was passed instead of its token.
+* `caller_token(value)`: a call's ``token=`` argument: None means never cancelled, anything
+  else must be a `CancelToken` (the sync registry and the asyncio facade check it the same way).
+* `wait_timeout(value)`: a wait's ``timeout=`` (``wait_idle``): None, or seconds >= 0, where
+  a wait longer than about 31 years means forever (None).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._cancel import CancelToken
 
-__all__ = ["INFINITY", "real", "seconds", "token"]
+__all__ = ["INFINITY", "caller_token", "real", "seconds", "token", "wait_timeout"]
 
 # Finite means `-INFINITY < x < INFINITY` for a float (NaN compares false): `math.isfinite`
 # without loading `math`, an extension module, at `import toolreg`.
@@ -61,6 +65,35 @@ def token(value: object, what: str) -> CancelToken:
         return value
     hint = " (pass source.token)" if isinstance(value, CancelSource) else ""
     raise TypeError(f"{what} must be a CancelToken, got {type(value).__name__}{hint}")
+
+
+def caller_token(value: object) -> CancelToken:
+    """A call's caller token: None means never cancelled; anything else must be a token."""
+    from ._cancel import CancelToken
+
+    if value is None:
+        return CancelToken.never()
+    if type(value) is CancelToken:
+        return value
+    return token(value, "token")
+
+
+def wait_timeout(value: object) -> float | None:
+    """A wait's `timeout`: None, or seconds >= 0 (capped at the platform's longest wait)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"timeout must be seconds or None, got {type(value).__name__}")
+    if value != value:
+        raise ValueError("timeout must be a number of seconds, got NaN")
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond float: as good as forever
+        return None
+    return max(0.0, seconds) if seconds < _LONGEST_WAIT else None
+
+
+_LONGEST_WAIT = 1e9  # seconds (~31 years): longer waits mean "forever"
 
 
 def _float(value: float) -> float:

@@ -43,20 +43,20 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ._batch import Progress, check_batch, execute_batch
+from ._batch import BatchHost, Progress, check_batch, execute_batch
 from ._body import owned_call
 from ._call import CallMode, CallState
 from ._cancel import CancelSource, CancelToken
 from ._claim import Claim
-from ._dispatch import Dispatcher
+from ._dispatch import dispatcher_of
 from ._errors import ExecutorRefusedError, InsideCallError, RegistryClosedError
 from ._helper import HELPER
 from ._pool import WorkerPool
 from ._progress import ProgressSink, ToolProgress
-from ._registry import as_token, check_wait
 from ._results import ToolCall, ToolResult
+from ._validate import caller_token, wait_timeout
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -70,6 +70,16 @@ _AWAITED = CallMode.awaited(True)
 _AWAITED_MODEL = CallMode.awaited(False)
 
 logger = logging.getLogger("toolreg")
+
+
+class AsyncHost(BatchHost, Protocol):
+    """What the facade needs from the dispatcher of the registry it wraps: a batch's needs,
+    plus whether bodies run on the registry's own pool and a wake-up when nothing is in flight."""
+
+    def has_own_pool(self) -> bool: ...
+
+    def call_when_idle(self, callback: Callable[[], object]) -> Callable[[], None] | None: ...
+
 
 HELPER.start()  # at import, before any loop runs: no loop ever waits for its threads to start
 
@@ -87,8 +97,8 @@ class AsyncToolRegistry:
     """
 
     def __init__(self, registry: ToolRegistry) -> None:
-        dispatcher = getattr(registry, "_dispatcher", None)
-        if not isinstance(dispatcher, Dispatcher):
+        dispatcher = dispatcher_of(registry)
+        if dispatcher is None:
             raise TypeError(
                 f"AsyncToolRegistry wraps a ToolRegistry, got {type(registry).__name__}"
             )
@@ -125,7 +135,7 @@ class AsyncToolRegistry:
         """
         loop = asyncio.get_running_loop()  # before entry: without a loop nothing is counted in
         call, owned = owned_call(call_or_name, arguments)  # a name: made and owned here
-        caller = _NEVER if token is None else as_token(token)
+        caller = _NEVER if token is None else caller_token(token)
         sink = None if progress is None else _loop_progress(loop, progress)
         mode = _AWAITED if start_if_cancelled else _AWAITED_MODEL
         inbox = _inbox_for(loop)
@@ -155,7 +165,7 @@ class AsyncToolRegistry:
         """
         loop = asyncio.get_running_loop()
         batch = check_batch(calls, max_parallel)
-        caller = as_token(token)
+        caller = caller_token(token)
         if on_progress is not None and not callable(on_progress):
             raise TypeError("on_progress must be callable")
         inbox = _inbox_for(loop)
@@ -180,7 +190,7 @@ class AsyncToolRegistry:
         dispatcher = self._dispatcher
         if dispatcher.inside():
             raise InsideCallError("wait_idle() from inside one of this registry's calls would wait")
-        seconds = check_wait(timeout)
+        seconds = wait_timeout(timeout)
         loop = asyncio.get_running_loop()
         idle: asyncio.Future[None] = loop.create_future()
         forget = dispatcher.call_when_idle(lambda: _deliver(loop, idle, None))
@@ -261,7 +271,7 @@ def _reason(cancel_reason: object) -> object:
     return f"asyncio task {task.get_name() if task else '?'} was cancelled"
 
 
-def _admit(dispatcher: Dispatcher, job: _Job) -> None:
+def _admit(dispatcher: AsyncHost, job: _Job) -> None:
     """Count the job in; `RegistryClosedError` if closed, or closing unless nested.
 
     Whether this thread is inside one of the registry's calls (a nested call, admitted while
@@ -276,7 +286,7 @@ def _admit(dispatcher: Dispatcher, job: _Job) -> None:
         dispatcher.admit(job, True)  # nested: admitted (and cancelled) unless closed
 
 
-def _hand_over_or_refuse(dispatcher: Dispatcher, job: _Job) -> None:
+def _hand_over_or_refuse(dispatcher: AsyncHost, job: _Job) -> None:
     try:
         dispatcher.hand_over(job)
     except BaseException as exc:
@@ -304,7 +314,7 @@ class _Job(Claim):
     )
 
     def __init__(
-        self, dispatcher: Dispatcher, loop: asyncio.AbstractEventLoop, inbox: _Inbox
+        self, dispatcher: AsyncHost, loop: asyncio.AbstractEventLoop, inbox: _Inbox
     ) -> None:
         super().__init__()
         self.dispatcher = dispatcher
@@ -462,7 +472,7 @@ class _Outbox:
 
     __slots__ = ("__weakref__", "_dispatcher", "_jobs", "_lock", "_looking", "_standby")
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: AsyncHost) -> None:
         self._dispatcher = dispatcher
         # Guards _jobs, _standby and _looking; held for a few list and counter operations,
         # never while a call runs or a runner is handed over.
@@ -633,7 +643,7 @@ class _AwaitedCall(_Job):
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        dispatcher: AsyncHost,
         loop: asyncio.AbstractEventLoop,
         inbox: _Inbox,
         call: ToolCall,
@@ -690,7 +700,7 @@ class _AwaitedBatch(_Job):
 
     def __init__(
         self,
-        dispatcher: Dispatcher,
+        dispatcher: AsyncHost,
         loop: asyncio.AbstractEventLoop,
         inbox: _Inbox,
         batch: list[ToolCall],

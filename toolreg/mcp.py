@@ -55,10 +55,10 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("toolreg.mcp needs the MCP SDK: pip install 'toolreg[mcp]'") from exc
 
+from . import ToolRegistry  # the public class, through the package (it loads with it)
 from ._cancel import CancelToken
 from ._mcp_bridge import Bridge, Connection
 from ._mcp_results import RequestCancelled
-from ._registry import ToolRegistry
 
 __all__ = ["RequestCancelled", "build_server", "serve"]
 

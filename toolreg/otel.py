@@ -74,8 +74,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "toolreg.otel needs the OpenTelemetry API: pip install 'toolreg[otel]'"
     ) from exc
 
+from . import ToolRegistry  # the public class, through the package (it loads with it)
 from ._cancel import CancelToken, Registration, timeout_of
-from ._registry import ToolRegistry
 from ._results import ErrorCode, ToolCall, ToolResult
 
 if TYPE_CHECKING:
