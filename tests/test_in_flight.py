@@ -30,6 +30,8 @@ from toolreg import (
     CancelSource,
     CancelToken,
     Dispatch,
+    ErrorCode,
+    TimeoutPolicy,
     ToolCall,
     ToolContext,
     ToolRegistry,
@@ -183,6 +185,37 @@ def test_uncooperative_body_logs_exactly_one_overdue_warning_naming_it(
     message = warnings[0].getMessage()
     assert "stubborn" in message
     assert "call-42" in message
+
+
+def test_a_body_outlasting_its_timeout_policy_deadline_gets_the_overdue_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # No caller token: only the deadline is cancelled. The idle worker took the body, so the
+    # joiner looks at the deadline only after its first short wait; it must still wake at the
+    # due time and start the overdue watch, or nobody would (a lazy deadline pushes nothing).
+    caplog.set_level(logging.WARNING, logger="toolreg")
+    with open_registry(max_workers=1, overdue_after=0.05) as registry:
+        registry.add_around(TimeoutPolicy())
+        release = threading.Event()
+        started = threading.Event()
+
+        @registry.tool(timeout=0.05)
+        def stubborn(args: Args, ctx: ToolContext) -> str:
+            started.set()
+            release.wait(WAIT)  # ignores ctx.token until the test saw the warning
+            return "late"
+
+        def overdue() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if "has not settled" in r.getMessage()]
+
+        call = Caller(lambda: registry.execute("stubborn"))
+        assert started.wait(WAIT)
+        wait_until(lambda: bool(overdue()), "the overdue warning")
+        assert call.still_blocked()
+        release.set()
+        result = call.join()
+        assert result.error is not None and result.error.code is ErrorCode.TOOL_TIMEOUT
+    assert len(overdue()) == 1
 
 
 def test_body_that_settles_promptly_after_cancel_logs_no_overdue_warning(

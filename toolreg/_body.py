@@ -346,22 +346,15 @@ def run_body(
             if watch is not None:
                 watch.remove()
         return None
-    # What the join needs is worked out before the hand-off: from the hand-off until the join
-    # blocks, a worker woken on another CPU waits for the GIL, so nothing that can wait runs
-    # in that window. Who wakes the joiner if the body is cancelled before it starts (`_listen`)
-    # is registered only when it can matter: at once for a body left queued (a call cancelled
-    # while queued returns at once), and for a body an idle worker took only if it has not
-    # settled within a first short wait: that worker starts it, or refuses it at its token
-    # check, without anyone's help, and most bodies settle long before. A cancellation that
-    # came before the registration runs it at once, so the late one misses nothing.
+    # Who wakes the joiner if the body is cancelled before it starts (`_listen`) is registered
+    # only when it can matter: at once for a body left queued (a call cancelled while queued
+    # returns at once), and for a body an idle worker took only if it has not settled within a
+    # first short wait: that worker starts it, or refuses it at its token check, without
+    # anyone's help, and most bodies settle long before. A cancellation that came before the
+    # registration runs it at once, so the late one misses nothing. Nothing else runs between
+    # the hand-off and that first wait: a worker woken on another CPU waits for the GIL meanwhile.
     token = ctx.token
     own = token is state.token
-    due = None if own else token._lazy_due_above(state.token)
-    main = get_ident() == _interrupts.main_thread_ident
-    if due is None or due is False:
-        first = MAIN_THREAD_SLICE if main else -1.0  # how long the first wait may block
-    else:
-        first = slice_for(main, due)
     listens = not own or (state.live and state.caller is not _NEVER)
     listener: Registration | None = None
     try:
@@ -374,12 +367,14 @@ def run_body(
             # Cancelled meanwhile (a canceller may have claimed it first): it never starts, and
             # the join below finds it settled, so the call is ABORTED_BEFORE_DISPATCH.
         deferred = listens and taken
-        if listens and not taken:
-            listener = _listen(state, ctx, due)
-        elif deferred and (first < 0 or first > LISTEN_AFTER):
-            first = LISTEN_AFTER
-        if due is False:
-            due = None  # the body's token has (or gets) the listener: no due time to wake at
+        due: float | bool | None = None
+        if deferred:
+            first = LISTEN_AFTER  # shorter than a main-thread slice: a Ctrl-C waits no longer
+        else:
+            due = None if own else token._lazy_due_above(state.token)
+            if listens:
+                listener = _listen(state, ctx, due)
+            first = _first_wait(due)
         done = ctx._done
         if first < 0:
             while not ctx._settled:  # no signal lands off the main thread: block until settled
@@ -392,8 +387,10 @@ def run_body(
                 _interrupt_join(ctx, interrupted, exc)
         if not ctx._settled:
             if deferred:
+                due = None if own else token._lazy_due_above(state.token)
                 listener = _listen(state, ctx, due)
-            wake_at = None if due is None else functools.partial(_due, due)
+            # False: the body's token has (or gets) the listener, so no due time to wake at.
+            wake_at = None if due is None or due is False else functools.partial(_due, due)
             wait_until(
                 ctx._is_settled,
                 functools.partial(ctx._done.acquire, True),
@@ -412,6 +409,15 @@ def run_body(
         if listener is not None:
             listener.remove()  # waits for a callback running right now
     return None
+
+
+def _first_wait(due: float | bool | None) -> float:
+    """How long the joiner's first wait may block: a main-thread slice (a Ctrl-C is noticed
+    within one) or no limit, and no later than a lazy due time on the body's token."""
+    main = get_ident() == _interrupts.main_thread_ident
+    if due is None or due is False:
+        return MAIN_THREAD_SLICE if main else -1.0
+    return slice_for(main, due)
 
 
 def _interrupt_join(
