@@ -303,3 +303,39 @@ def _columns(lines: Sequence[Sequence[str]]) -> list[str]:
 def format_grid(title: str, header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
     """Like `format_table`, with a header of one's own."""
     return "\n".join([title, *_columns([header, *lines])])
+
+
+class LockHop:
+    """A bare hand-off: one worker thread, one lock to wake it, one to wake the caller: the
+    floor under any pool's hop (bench_wakeups counts its wake-ups, bench_registry times it).
+
+    Not thread-safe: one caller at a time. `close()` stops the worker.
+    """
+
+    def __init__(self) -> None:
+        self._go = threading.Lock()  # held while the worker sleeps; released to hand it work
+        self._go.acquire()
+        self._done = threading.Lock()  # held while the caller waits; released by the worker
+        self._done.acquire()
+        self._stop = False
+        self._result: object = None
+        self._thread = threading.Thread(target=self._serve, name="bench-lock-hop", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            self._go.acquire()
+            if self._stop:
+                return
+            self._result = 1  # what a trivial `fn` returns
+            self._done.release()
+
+    def __call__(self) -> object:
+        self._go.release()
+        self._done.acquire()
+        return self._result
+
+    def close(self) -> None:
+        self._stop = True
+        self._go.release()
+        self._thread.join()

@@ -134,8 +134,10 @@ def _langchain(quick: bool) -> list[Measured]:
                 "adapter ainvoke": _async(loop, lambda: adapted.ainvoke(call), calls),
                 "own ainvoke": _async(loop, lambda: own.ainvoke(call), calls),
             },
-            lambda: [adapted.invoke(call) for _ in range(50)]
-            + [loop.run_until_complete(adapted.ainvoke(call)) for _ in range(50)],
+            lambda: (
+                [adapted.invoke(call) for _ in range(50)]
+                + [loop.run_until_complete(adapted.ainvoke(call)) for _ in range(50)]
+            ),
             repeats,
         )
     finally:

@@ -12,7 +12,9 @@ targets of issue 18 (same regime; cross in brackets):
 * 8 submitting threads: wall time for 8 threads calling `execute` in a loop over the same 8
   threads driving the `ThreadPoolExecutor(8)`: <= 1.00x (<= 1.00x).
 * for reference: `WorkerPool(8).submit(fn).result()` (toolreg's pool as a plain `Executor`),
-  and LangChain's `@tool(...).invoke` (a peer's per-call cost, when langchain-core is there).
+  the bare hand-off under any hop (`_harness.LockHop`: one thread, a lock each way, no
+  `Future`; what `execute` costs beyond it is the pipeline's Python), and LangChain's
+  `@tool(...).invoke` (a peer's per-call cost, when langchain-core is there).
 
 Every pool has all its workers started before timing (`_harness.start_*_workers`, inside
 `_regime.worker_side()`, so in the cross regime they run on the workers' CPU); the 8 submitting
@@ -32,6 +34,7 @@ from toolreg import Allow, TimeoutPolicy, Tool, ToolRegistry, WorkerPool
 
 from . import _regime
 from ._harness import (
+    LockHop,
     Row,
     Target,
     format_time,
@@ -147,6 +150,7 @@ def _langchain() -> Callable[[], object] | None:
 def run(quick: bool) -> list[Row]:
     sizes = QUICK if quick else FULL
     with _regime.worker_side():
+        bare = LockHop()
         raw_pool = ThreadPoolExecutor(WORKERS)
         lean_pool = WorkerPool(WORKERS)
         plain = plain_registry()
@@ -160,6 +164,7 @@ def run(quick: bool) -> list[Row]:
         variants: dict[str, Callable[[], float]] = {
             "raw": _sequential(lambda: raw_pool.submit(_one).result(), n),
             "lean": _sequential(lambda: lean_pool.submit(_one).result(), n),
+            "bare": _sequential(bare, n),
             "plain": _sequential(lambda: plain.execute("one"), n),
             "six": _sequential(lambda: six.execute("one"), n),
             "raw x8": _threaded(lambda: raw_pool.submit(_one).result(), n),
@@ -174,9 +179,15 @@ def run(quick: bool) -> list[Row]:
         six.close()
         raw_pool.shutdown()
         lean_pool.shutdown()
+        bare.close()
     rows = [
         Row("ThreadPoolExecutor(8): submit(fn).result() (baseline)", format_time(m["raw"])),
         Row("WorkerPool(8): submit(fn).result()", format_time(m["lean"]), ratio_of(m, "lean")),
+        Row(
+            "bare hand-off: two locks, one thread (floor)",
+            format_time(m["bare"]),
+            ratio_of(m, "bare"),
+        ),
         judged("execute, no hooks", format_time(m["plain"]), m.ratio("plain", "raw"), NO_HOOKS),
         judged(
             "execute, six hooks incl. TimeoutPolicy",

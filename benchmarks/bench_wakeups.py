@@ -43,6 +43,7 @@ from toolreg import CancelSource, WorkerPool, deadline
 
 from . import _regime
 from ._harness import (
+    LockHop,
     Row,
     Target,
     interleaved,
@@ -82,41 +83,6 @@ def _one() -> int:
 
 def _noop() -> None:
     pass
-
-
-class LockHop:
-    """A bare hand-off: one worker thread, one lock to wake it, one to wake the caller.
-
-    Not thread-safe: one caller at a time. `close()` stops the worker.
-    """
-
-    def __init__(self) -> None:
-        self._go = threading.Lock()  # held while the worker sleeps; released to hand it work
-        self._go.acquire()
-        self._done = threading.Lock()  # held while the caller waits; released by the worker
-        self._done.acquire()
-        self._stop = False
-        self._result: object = None
-        self._thread = threading.Thread(target=self._serve, name="bench-lock-hop", daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            self._go.acquire()
-            if self._stop:
-                return
-            self._result = _one()
-            self._done.release()
-
-    def __call__(self) -> object:
-        self._go.release()
-        self._done.acquire()
-        return self._result
-
-    def close(self) -> None:
-        self._stop = True
-        self._go.release()
-        self._thread.join()
 
 
 def wakes_per_call(call: Callable[[], object], calls: int) -> float:
