@@ -21,6 +21,7 @@ Two windows of the "timer fired vs. body returned" race are pinned separately:
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import signal
 import threading
@@ -66,6 +67,7 @@ from toolreg import (
 from toolreg._body import ToolContext as BodyRun
 from toolreg._body import run_body
 from toolreg._cancel import _TIMER, manual_clock
+from toolreg._hooks import HookSet
 from toolreg._interrupts import MAIN_THREAD_SLICE, MAX_WAIT, slice_for
 from toolreg._timer import ManualClock
 
@@ -99,6 +101,40 @@ class TokenSpy:
     def __call__(self, dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
         self.tokens.append(dispatch.token)
         return proceed()
+
+
+@pytest.fixture(autouse=True, params=["alone", "in the chain"])
+def timeout_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs twice. A `TimeoutPolicy` that is the only around wrapper (no gate,
+    no post hook) is run by the registry itself, its deadline the body's token with no chain
+    around the body (`HookSet.timeout_only`); among other wrappers it runs in the chain. Here
+    both ways run the same tests: "in the chain" turns the first way off."""
+    if request.param == "in the chain":
+        monkeypatch.setattr(TimeoutPolicy, "_runs_as_deadline", False)
+    return str(request.param)
+
+
+def test_a_timeout_policy_alone_is_run_by_the_registry_and_only_then(timeout_path: str) -> None:
+    policy = TimeoutPolicy()
+    alone = timeout_path == "alone"
+
+    def hooks(**kinds: Any) -> Any:
+        return HookSet(**kinds).timeout_only
+
+    class Mine(TimeoutPolicy):  # a subclass may change what it does: always the chain
+        pass
+
+    registered = functools.partial(policy)  # how the registry keeps a hook
+    assert hooks(around=(registered,)) is (policy if alone else None)
+    assert hooks(around=(registered,), observers=(print,)) is (policy if alone else None)
+    assert hooks(around=(policy,), call_hooks=(print,)) is (policy if alone else None)
+    assert hooks(around=(Mine(),)) is None
+    assert hooks(around=(policy, policy)) is None
+    assert hooks(around=(policy,), pre_execute=(print,)) is None
+    assert hooks(around=(policy,), guards=(print,)) is None
+    assert hooks(around=(policy,), post_execute=(print,)) is None
+    assert hooks(around=(RetryPolicy(),)) is None
+    assert hooks() is None
 
 
 @pytest.fixture
@@ -274,6 +310,33 @@ def test_deadline_is_closed_and_detached_when_the_policy_returns(
     [budget] = spy.tokens
     assert not budget.cancelled, "the deadline's timer fired after the policy closed it"
     assert holds_nothing(call_tokens[0])
+    assert holds_nothing(caller.token)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_the_body_deadline_is_closed_when_the_call_returns(
+    registry: ToolRegistry, clock: ManualClock, eager: bool
+) -> None:
+    # The policy alone: no wrapper sees the deadline, so the body reports the token it got.
+    caller = CancelSource()
+    seen: list[CancelToken] = []
+
+    def body(args: Any, ctx: ToolContext) -> str:
+        seen.append(ctx.token)
+        if eager:  # linked to the call's token and armed on the timer from here on
+            ctx.token.on_cancel(lambda: None)
+        return "on time"
+
+    registry.add_around(TimeoutPolicy())
+    add_tool(registry, body, timeout=SHORT)
+
+    result = registry.execute("t", token=caller.token)  # the clock stands still: on time
+    clock.advance(3 * SHORT)  # well past the deadline's due time
+
+    assert result.ok
+    [budget] = seen
+    assert budget._closed, "the deadline was not closed"  # white-box: a lazy one shows nothing
+    assert not budget.cancelled, "the deadline's timer fired after the call returned"
     assert holds_nothing(caller.token)
 
 

@@ -219,6 +219,10 @@ class HookSet:
     #: There are around wrappers, and every one has a chain run: no `proceed()` is ever handed
     #: to user code, so none can run on another thread or after the chain. Derived.
     chain_only = False
+    #: The one around wrapper, when it is the registry's own `TimeoutPolicy` (its own class:
+    #: `_runs_as_deadline = True`) and there is no pre-execute hook, guard or post hook: a call
+    #: then takes the plain path with the policy's deadline as its body's token. Derived.
+    timeout_only: Any = None
 
     def __init__(
         self,
@@ -245,12 +249,13 @@ class HookSet:
             results_unseen=not post_execute and all(map(_keeps_no_result, around)),
             chain_runs=chain_runs,
             chain_only=bool(around) and None not in chain_runs,
+            timeout_only=_timeout_only(pre_execute, guards, around, post_execute),
         )
 
     def replace(self, **changes: Any) -> HookSet:
         """A copy with `changes` (field name: value), like `dataclasses.replace`."""
         fields = {**self.__dict__, **changes}
-        for derived in ("plain", "results_unseen", "chain_runs", "chain_only"):
+        for derived in ("plain", "results_unseen", "chain_runs", "chain_only", "timeout_only"):
             del fields[derived]
         return HookSet(**fields)
 
@@ -265,6 +270,18 @@ def _registered(hook: object) -> object:
 def _keeps_no_result(wrapper: object) -> bool:
     # The wrapper's own class only: a subclass may override `__call__` and keep the result.
     return type(_registered(wrapper)).__dict__.get("_keeps_no_result") is True
+
+
+def _timeout_only(
+    pre_execute: tuple[object, ...],
+    guards: tuple[object, ...],
+    around: tuple[object, ...],
+    post_execute: tuple[object, ...],
+) -> object:
+    if pre_execute or guards or post_execute or len(around) != 1:
+        return None
+    policy = _registered(around[0])
+    return policy if type(policy).__dict__.get("_runs_as_deadline") is True else None
 
 
 def _chain_run(wrapper: object) -> ChainRun | None:

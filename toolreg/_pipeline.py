@@ -1,7 +1,9 @@
 """The stages of one call, top to bottom, and the cancellation contract they keep.
 
 `execute` runs the entry checks and then `run_stages` (or, for a call with no gate, wrapper
-or post hook, `_run_plain`: the same stages without the hooks), which reads like the contract:
+or post hook, `_run_plain`: the same stages without the hooks; also for one whose only wrapper
+is the registry's own `TimeoutPolicy`, with its deadline as the body's token), which reads like
+the contract:
 
     gate (pre-execute hooks, approval, guards)
       -> around wrappers | the body
@@ -40,11 +42,12 @@ from typing import Any, Protocol
 
 from ._body import BodyHost, Submit, ToolContext, run_body
 from ._call import CallState, Stage
-from ._cancel import Cancelled, CancelSource, CancelToken
+from ._cancel import Cancelled, CancelSource, CancelToken, close_token, deadline_token
 from ._catalog import CatalogEntry
 from ._hooks import Allow, Ask, Deny, Dispatch
 from ._interrupts import INTERRUPTS, wait_until
 from ._logger import logger
+from ._policies import TimeoutPolicy
 from ._results import (
     CallTimeline,
     ErrorCode,
@@ -124,6 +127,9 @@ def execute(
         return _finish(state, failed)
     if state.hooks.plain and not state.debug:
         return _run_plain(host, state)
+    timeout = state.hooks.timeout_only
+    if timeout is not None and not state.debug:
+        return _run_plain(host, state, timeout)
     return run_stages(host, state)
 
 
@@ -215,17 +221,26 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     return _finish(state, result, live)
 
 
-def _run_plain(host: PipelineHost, state: CallState) -> ToolResult[Any]:
+def _run_plain(
+    host: PipelineHost, state: CallState, timeout: TimeoutPolicy | None = None
+) -> ToolResult[Any]:
     """`run_stages` for a call that has no pre-execute hook, guard, wrapper or post hook (a
     batch call, or a direct call on a registry with observers only): the body, the
     late-success check, finalize.
 
+    With `timeout`, the registry's own `TimeoutPolicy` as the only around wrapper: what the
+    policy does around the chain, done here with no chain (its deadline, a lazy child of the
+    call's token, is the body's token; `TOOL_TIMEOUT` if that deadline is what cancelled it).
+
     With nothing between the body and the final result, the one read of the call's token
     after the body serves both the late-success check (4.5) and the timeline's `cancelled`.
     """
+    budget: CancelToken | None = None
     try:
+        if timeout is not None:
+            budget = _open_deadline(state, timeout)  # None: this tool has no timeout
         state.stage = _DISPATCH
-        ctx = ToolContext(state, state.token, host)
+        ctx = ToolContext(state, state.token if budget is None else budget, host)
         state.body = ctx
         state.stage = _BODY
         refused = None
@@ -238,7 +253,9 @@ def _run_plain(host: PipelineHost, state: CallState) -> ToolResult[Any]:
             refused = run_body(state, ctx, None if inline else host.submit, state.interrupt)
         contexts = ctx._finish()
         started = ctx._started
-        if started:  # `state.mark_body(ctx)`: the body's token is the call's own here
+        if budget is not None:
+            state.mark_body(ctx)
+        elif started:  # `state.mark_body(ctx)`: the body's token is the call's own here
             state.dispatched_at = ctx._dispatched_at
             state.settled_at = ctx._settled_at
         if refused is not None:
@@ -249,14 +266,44 @@ def _run_plain(host: PipelineHost, state: CallState) -> ToolResult[Any]:
             result = _success(state, ctx._value, ctx._live_on_return, contexts)
         else:
             result = _body_result(state, ctx, contexts)
+        if budget is not None:
+            result = _close_deadline(state, timeout, budget, result)
+            budget = None
         live = not state.token.cancelled
         if not live and result.ok and state.live:
             result = _aborted(state, contexts)
     except BaseException as exc:  # landed between guarded spots: cancel, finish, re-raise later
+        if budget is not None:
+            close_token(budget)
         state.interrupt(exc)
         result = _aborted(state)
         live = False
     return _finish(state, result, live)
+
+
+def _open_deadline(state: CallState, timeout: TimeoutPolicy) -> CancelToken | None:
+    """`timeout`'s deadline for this call: a lazy child of the call's token; None if none."""
+    seconds = timeout._seconds(state.tool)
+    if seconds is None:
+        return None
+    return deadline_token(state.token, seconds, timeout.code)
+
+
+def _close_deadline(
+    state: CallState, timeout: TimeoutPolicy | None, budget: CancelToken, result: ToolResult[Any]
+) -> ToolResult[Any]:
+    """After the body: `TOOL_TIMEOUT` if the deadline is what cancelled it; the deadline closed
+    (after that read: a closed lazy deadline is not resolved again)."""
+    try:
+        if not TimeoutPolicy._expired(budget, result):
+            return result
+        assert timeout is not None  # the policy that opened it
+        seconds = timeout._seconds(state.tool)
+        assert seconds is not None  # it has a deadline
+        message = TimeoutPolicy._message(seconds)
+        return _failure(state.call, ErrorCode.TOOL_TIMEOUT, message, result.contexts)
+    finally:
+        close_token(budget)
 
 
 def _finish(state: CallState, result: ToolResult[Any], live: bool = False) -> ToolResult[Any]:

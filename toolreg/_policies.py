@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _validate
 from ._cancel import CancelSource, CancelToken, close_token, deadline_token, timed_out
 from ._hooks import Dispatch, Proceed
 from ._results import ErrorCode, ToolResult
+
+if TYPE_CHECKING:
+    from ._tools import Tool
 
 __all__ = ["RetryPolicy", "TimeoutPolicy"]
 
@@ -51,6 +54,9 @@ class TimeoutPolicy:
     # It hands on the result it got, or a new one, and keeps neither: the registry may finish
     # a result in place rather than copy it (`HookSet.results_unseen`).
     _keeps_no_result = True
+    # Alone around the body, the registry may run it as the body's deadline, without a chain
+    # (`HookSet.timeout_only`): `_seconds`, `_expired` and `_message` are what it uses.
+    _runs_as_deadline = True
 
     def __init__(self, code: str = "TOOL_TIMEOUT", *, default: float | None = None) -> None:
         if not isinstance(code, str) or not code:
@@ -70,36 +76,57 @@ class TimeoutPolicy:
         with no `proceed()` made per call (`HookSet.chain_runs`)."""
         # The registry's own Dispatch, read and written through its slots: the properties
         # would check a token this code made itself (three reads and two writes per call).
-        seconds = dispatch._tool.timeout
+        seconds = self._seconds(dispatch._tool)
         if seconds is None:
-            seconds = self.default
-            if seconds is None:
-                return proceed(*args)
+            return proceed(*args)
         previous = dispatch._token
         call_token = dispatch._call_token
         # The deadline also follows the call's token, so a caller who cancels first cancels it
         # (with the caller's reason, never `timed_out`) even when an outer wrapper replaced
         # `dispatch.token` with a token the caller does not reach.
         follows = None if previous is call_token else CancelSource(previous, call_token)
-        # Both durations were validated already (the tool's when it was made, `default` here).
         parent = previous if follows is None else follows.token
-        budget = deadline_token(parent, float(seconds), self.code)
+        budget = deadline_token(parent, seconds, self.code)
         dispatch._token = budget
         try:
             result = proceed(*args)
-            # Read before closing (a closed lazy deadline is not resolved again): a token below
-            # it that the body observed may have inherited its due time without marking it.
-            error = result.error
-            expired = error is not None and error.code in _CANCELLATIONS and timed_out(budget)
+            expired = self._expired(budget, result)
         finally:
             close_token(budget)  # disarm first: from here on the timer cannot fire
             if follows is not None:
                 follows.close()
             dispatch._token = previous
         if expired:
-            message = f"tool call timed out after {format(seconds, 'g')}s"
-            return ToolResult.failure(result.call, ErrorCode.TOOL_TIMEOUT, message, result.contexts)
+            return ToolResult.failure(
+                result.call, ErrorCode.TOOL_TIMEOUT, self._message(seconds), result.contexts
+            )
         return result
+
+    # The steps of a run, which the registry also takes itself for a call whose only around
+    # wrapper is a TimeoutPolicy (`HookSet.timeout_only`): the deadline is then the body's token,
+    # with no chain around the body.
+
+    def _seconds(self, tool: Tool) -> float | None:
+        """The deadline's length for `tool`, or None for no deadline. Both durations were
+        validated already (the tool's when it was made, `default` here)."""
+        seconds = tool.timeout
+        if seconds is None:
+            seconds = self.default
+            if seconds is None:
+                return None
+        return float(seconds)
+
+    @staticmethod
+    def _expired(budget: CancelToken, result: ToolResult[Any]) -> bool:
+        """Whether `result` is this deadline's cancellation: to be read before closing it (a
+        closed lazy deadline is not resolved again; a token below it that the body observed
+        may have inherited its due time without marking it)."""
+        error = result.error
+        return error is not None and error.code in _CANCELLATIONS and timed_out(budget)
+
+    @staticmethod
+    def _message(seconds: float) -> str:
+        return f"tool call timed out after {format(seconds, 'g')}s"
 
     def __repr__(self) -> str:
         return f"TimeoutPolicy(code={self.code!r}, default={self.default!r})"
