@@ -364,7 +364,8 @@ def _gate(state: CallState) -> ToolResult[Any] | None:
     # A denial returned while the call's token is cancelled is the cancellation: the hook or
     # approver that said no may have said it *because* its turn was cancelled.
     ask = _pre_execute(state)
-    if state.revoked() and ask is not state.hook_error:  # a broken hook stays HOOK_ERROR
+    # `state.revoked()`, inline. A broken hook's result stays HOOK_ERROR.
+    if state.live and state.token.cancelled and ask is not state.hook_error:
         return _aborted(state)
     if isinstance(ask, ToolResult):
         return ask
@@ -379,7 +380,9 @@ def _gate(state: CallState) -> ToolResult[Any] | None:
 
 def _pre_execute(state: CallState) -> ToolResult[Any] | Ask | None:
     first_ask: Ask | None = None
-    state.at(_PRE_EXECUTE)
+    state.stage = _PRE_EXECUTE  # `state.at(...)`, inline: this runs for every call with the hook
+    if state.debug:
+        state.log_stage()
     for hook in state.hooks.pre_execute:
         try:
             decision: object = hook(state.call, state.token)
@@ -418,7 +421,9 @@ def _approve(state: CallState, ask: Ask) -> ToolResult[Any] | None:
 
 
 def _guards(state: CallState) -> ToolResult[Any] | None:
-    state.at(_GUARDS)
+    state.stage = _GUARDS  # `state.at(...)`, inline: this runs for every call with the hook
+    if state.debug:
+        state.log_stage()
     for guard in state.hooks.guards:
         try:
             verdict: object = guard(state.call)
@@ -645,7 +650,9 @@ def _success(
 
 def _post_execute(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
     """The post-execute hooks in order; the caller then lets cancellation replace a success."""
-    state.at(_POST_EXECUTE)
+    state.stage = _POST_EXECUTE  # `state.at(...)`, inline: this runs for every call with the hook
+    if state.debug:
+        state.log_stage()
     for hook in state.hooks.post_execute:
         try:
             replaced: object = hook(result, state.token)
@@ -670,7 +677,9 @@ def _notify(state: CallState, result: ToolResult[Any]) -> None:
     observers = state.hooks.observers
     if not observers:
         return
-    state.at(_OBSERVERS)
+    state.stage = _OBSERVERS  # `state.at(...)`, inline: this runs for every call with the hook
+    if state.debug:
+        state.log_stage()
     for observer in observers:
         try:
             observer(result)
