@@ -6,6 +6,7 @@ never deadlocks, even when every worker is busy; after the body settled, the con
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -19,12 +20,15 @@ from _registry_helpers import (
     Observed,
     counting_tool,
     open_registry,
+    wait_until,
 )
 
 from toolreg import (
     CancelSource,
     CancelToken,
     ContextSettledError,
+    ErrorCode,
+    TimeoutPolicy,
     ToolCall,
     ToolContext,
     ToolRegistry,
@@ -155,3 +159,202 @@ def test_tool_context_shows_the_call_and_a_live_token(registry: ToolRegistry) ->
     assert isinstance(token, CancelToken)
     assert not token.cancelled
     assert result.call == call
+
+
+# -- the overdue watch of a nested body ------------------------------------------------------------
+
+
+def _overdue_names(records: list[logging.LogRecord]) -> list[str]:
+    return [
+        name
+        for r in records
+        if "has not settled" in r.getMessage()
+        for name in ("'parent'", "'stubborn'")
+        if name in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("parent_runs", ["on a worker", "in a batch", "under a TimeoutPolicy"])
+@pytest.mark.parametrize("cancelled_by", ["the caller", "close()"])
+def test_a_nested_body_outlasting_its_parents_cancellation_gets_the_overdue_warning(
+    caplog: pytest.LogCaptureFixture, parent_runs: str, cancelled_by: str
+) -> None:
+    caplog.set_level(logging.WARNING, logger="toolreg")
+    registry = ToolRegistry(max_workers=2, overdue_after=0.05)
+    started = threading.Event()
+    release = threading.Event()
+    try:
+        if parent_runs == "under a TimeoutPolicy":
+            registry.add_around(TimeoutPolicy())
+
+        @registry.tool(timeout=60.0)  # never reached: the caller or close() cancels first
+        def parent(args: Args, ctx: ToolContext) -> str:
+            return ctx.execute("stubborn").content
+
+        @registry.tool
+        def stubborn(args: Args, ctx: ToolContext) -> str:
+            started.set()
+            release.wait(WAIT)  # ignores ctx.token until the test saw the warning
+            return "late"
+
+        caller = CancelSource()
+        if parent_runs == "in a batch":
+            call = Caller(lambda: registry.execute_batch([ToolCall("parent")], token=caller.token))
+        else:
+            call = Caller(lambda: registry.execute("parent", token=caller.token))
+        assert started.wait(WAIT)
+        closing = None
+        if cancelled_by == "the caller":
+            caller.cancel("stop")
+        else:
+            closing = Caller(registry.close)
+        wait_until(lambda: "'stubborn'" in _overdue_names(caplog.records), "the nested warning")
+        assert call.still_blocked()
+    finally:
+        release.set()
+    call.join()
+    if closing is not None:
+        closing.join()
+    registry.close()
+    names = _overdue_names(caplog.records)
+    assert names.count("'stubborn'") == 1  # once, however many paths lead to it
+
+
+@pytest.mark.parametrize("parent_runs", ["on a worker", "in a batch"])
+def test_a_nested_call_registers_nothing_on_its_parents_token(parent_runs: str) -> None:
+    # The parent's own overdue watch starts the nested body's: no listener per nested call.
+    listeners: list[int] = []
+    parent_token = CancelToken.never()
+    with open_registry(max_workers=2) as registry:
+
+        @registry.tool
+        def leaf(args: Args, ctx: ToolContext) -> str:
+            listeners.append(len(parent_token._listeners or ()))  # white-box: the parent's, now
+            return "leaf"
+
+        @registry.tool
+        def parent(args: Args, ctx: ToolContext) -> str:
+            nonlocal parent_token
+            parent_token = ctx.token
+            ctx.token.on_cancel(lambda: None).remove()  # eager: a listener would show
+            return ctx.execute("leaf").content
+
+        caller = CancelSource()
+        if parent_runs == "in a batch":
+            [result] = registry.execute_batch([ToolCall("parent")], token=caller.token)
+        else:
+            result = registry.execute("parent", token=caller.token)
+    assert result.ok and result.value == "leaf"
+    assert listeners == [0]
+
+
+def test_a_nested_body_under_an_inline_parents_fired_deadline_gets_the_overdue_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The parent runs inline (a batch call) with a TimeoutPolicy deadline as its token: nothing
+    # watches such a parent when only that deadline fires (contract 4.4), so its nested call
+    # keeps a listener of its own, and that one does.
+    caplog.set_level(logging.WARNING, logger="toolreg")
+    started = threading.Event()
+    release = threading.Event()
+    with open_registry(max_workers=2, overdue_after=0.05) as registry:
+        registry.add_around(TimeoutPolicy())
+
+        @registry.tool(timeout=0.05)
+        def parent(args: Args, ctx: ToolContext) -> str:
+            return ctx.execute("stubborn").content
+
+        @registry.tool
+        def stubborn(args: Args, ctx: ToolContext) -> str:
+            started.set()
+            release.wait(WAIT)  # ignores ctx.token until the test saw the warning
+            return "late"
+
+        batch = Caller(lambda: registry.execute_batch([ToolCall("parent")]))
+        try:
+            assert started.wait(WAIT)
+            wait_until(lambda: "'stubborn'" in _overdue_names(caplog.records), "the warning")
+        finally:
+            release.set()
+        [result] = batch.join()
+    assert result.error is not None and result.error.code is ErrorCode.TOOL_TIMEOUT
+
+
+def test_a_nested_call_made_on_another_thread_of_the_body_keeps_its_own_watch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Only a nested call on the body's own thread is covered by the body's watch: one made on
+    # a thread the body started may overlap the body's own nested calls.
+    caplog.set_level(logging.WARNING, logger="toolreg")
+    started = threading.Event()
+    quick_done = threading.Event()
+    release = threading.Event()
+    with open_registry(max_workers=2, overdue_after=0.05) as registry:
+
+        @registry.tool
+        def stubborn(args: Args, ctx: ToolContext) -> str:
+            started.set()
+            release.wait(WAIT)
+            return "late"
+
+        @registry.tool
+        def quick(args: Args, ctx: ToolContext) -> str:
+            quick_done.set()
+            return "quick"
+
+        @registry.tool
+        def parent(args: Args, ctx: ToolContext) -> str:
+            helper = threading.Thread(target=ctx.execute, args=("stubborn",))
+            helper.start()
+            started.wait(WAIT)
+            ctx.execute("quick")  # on the body's own thread, after the helper's began
+            helper.join()
+            return "done"
+
+        caller = CancelSource()
+        call = Caller(lambda: registry.execute("parent", token=caller.token))
+        try:
+            assert started.wait(WAIT)
+            assert quick_done.wait(WAIT)
+            caller.cancel("stop")
+            wait_until(lambda: "'stubborn'" in _overdue_names(caplog.records), "the warning")
+        finally:
+            release.set()
+        call.join()
+
+
+@pytest.mark.parametrize("wrappers", ["TimeoutPolicy alone", "TimeoutPolicy in a chain"])
+def test_a_nested_call_under_a_parents_deadline_keeps_its_watch_when_the_hooks_changed(
+    caplog: pytest.LogCaptureFixture, wrappers: str
+) -> None:
+    # The parent (a batch call, inline) got TimeoutPolicy's deadline as its token; the policy is
+    # removed before it makes its nested call, so that call has no around wrapper. The parent is
+    # not watched for its deadline alone (contract 4.4): the nested call must keep its own.
+    caplog.set_level(logging.WARNING, logger="toolreg")
+    started = threading.Event()
+    release = threading.Event()
+    with open_registry(max_workers=2, overdue_after=0.05) as registry:
+        added = [registry.add_around(TimeoutPolicy())]
+        if wrappers == "TimeoutPolicy in a chain":
+            added.append(registry.add_around(lambda dispatch, proceed: proceed()))
+
+        @registry.tool(timeout=0.05)
+        def parent(args: Args, ctx: ToolContext) -> str:
+            for registration in added:
+                registration.remove()
+            return ctx.execute("stubborn").content
+
+        @registry.tool
+        def stubborn(args: Args, ctx: ToolContext) -> str:
+            started.set()
+            release.wait(WAIT)  # ignores ctx.token until the test saw the warning
+            return "late"
+
+        batch = Caller(lambda: registry.execute_batch([ToolCall("parent")]))
+        try:
+            assert started.wait(WAIT)
+            wait_until(lambda: "'stubborn'" in _overdue_names(caplog.records), "the warning")
+        finally:
+            release.set()
+        [result] = batch.join()
+    assert result.error is not None and result.error.code is ErrorCode.TOOL_TIMEOUT

@@ -65,7 +65,7 @@ class BatchHost(Protocol):
         mode: CallMode,
         progress: Any = None,
         admitted: CatalogEntry | None = None,
-        watcher: Any = None,
+        watcher: Callable[[CallState], object] | None = None,
         owns_call: bool = False,
     ) -> tuple[ToolResult[Any], BaseException | None]: ...
 
@@ -357,12 +357,12 @@ class BatchRun:
         try:
             if admitted is None:
                 result, interrupted = self.host.run(
-                    call, self.token, _BATCH_ITEM, None, None, runner
+                    call, self.token, _BATCH_ITEM, None, None, runner.watch
                 )
             else:
                 frozen, entry = admitted
                 result, interrupted = self.host.run(
-                    frozen, self.token, _BATCH_ITEM, None, entry, runner
+                    frozen, self.token, _BATCH_ITEM, None, entry, runner.watch
                 )
             self.results[index] = result
             if interrupted is not None:

@@ -66,8 +66,11 @@ class BodyHost(Protocol):
 
     overdue_after: float | None
 
-    def run_nested(self, call: ToolCall, token: CancelToken) -> ToolResult[Any]:
-        """Run a nested call inline, under `token`."""
+    def run_nested(
+        self, call: ToolCall, token: CancelToken, parent: ToolContext
+    ) -> ToolResult[Any]:
+        """Run a nested call inline, under `token`; `parent._watch_nested(state)` once it has
+        a state."""
         ...
 
     def run_coroutine(
@@ -116,6 +119,15 @@ class ToolContext(Claim):
     _closed = False  # no more deferring or nesting; guarded by _CONTEXT_LOCK
     _overdue: CancelSource | None = None  # the overdue warning, once cancelled
     _dispatched_at: float | None = None  # monotonic, on the body's thread
+    _thread: int | None = None  # the body's thread, set as it starts
+    # The nested call this body runs on its own thread now (or ran last), whose body this body's
+    # overdue watch starts too (`_watch_nested`); written by the body's thread, read by a canceller.
+    _nested: CallState | None = None
+    # The body's token is its call's own token: whatever cancels it also starts this body's
+    # overdue watch, which then covers the nested call running under it (`_watch_nested`).
+    # Cleared by whoever gives the body another token (a wrapper's deadline alone may cancel
+    # that, and an inline body is not watched for it: contract 4.4).
+    _covers_nested = True
     _settled_at: float | None = None
     # A runner joins on the stage thread and reports interrupts there; cleared on settling (it
     # refers to the call's state, which refers to this context).
@@ -160,7 +172,7 @@ class ToolContext(Claim):
         """Run a nested tool call inline, under this call's token; returns its `ToolResult`."""
         if self._closed:
             raise ContextSettledError("ctx.execute() after the tool body has returned")
-        return self._host.run_nested(as_call(call_or_name, arguments), self.token)
+        return self._host.run_nested(as_call(call_or_name, arguments), self.token, self)
 
     def report_progress(
         self, progress: float, total: float | None = None, message: str | None = None
@@ -200,6 +212,7 @@ class ToolContext(Claim):
             if self._live and self.token.cancelled:
                 return  # the last recheck: cancelled while queued, so it never starts
             self._started = True
+            self._thread = get_ident()
             self._dispatched_at = time.monotonic()
             if not self._live:
                 self._watch_overdue()  # pre-aborted: it starts under a cancelled token
@@ -241,6 +254,21 @@ class ToolContext(Claim):
         coroutine: Coroutine[Any, Any, Any] = self._fn(self.call.arguments, self)
         return coroutine
 
+    def _watch_nested(self, state: CallState) -> None:
+        """The dispatcher's watcher: `state` is a nested call this body is about to run.
+
+        Made on the body's own thread, with no around wrapper (which may run bodies elsewhere),
+        under a body whose overdue watch starts whenever its token is cancelled, the nested call
+        is covered by that watch (`_watch_overdue` passes it on), so its body registers no
+        listener of its own on this body's token. The argument is the batch runner's: a nested
+        body starts only after this stored its state and after its last token check, and a
+        watch starts only once the token is cancelled; so a body the watch misses (no state
+        yet, or the previous call's) sees the cancellation at that check and never starts.
+        """
+        if self._covers_nested and state.thread == self._thread and not state.hooks.around:
+            state.caller_watched = True
+            self._nested = state
+
     def _drop(self) -> None:
         """The pool discarded this item: it never starts."""
         self._claim_back()
@@ -279,6 +307,10 @@ class ToolContext(Claim):
         watch = deadline(None, after)
         if self._keep_watch(watch):
             watch.token.on_cancel(self._warn_overdue)
+            nested = self._nested
+            body = None if nested is None else nested.body
+            if body is not None:
+                body._watch_overdue()  # the nested call under this body's token (`_watch_nested`)
 
     def _keep_watch(self, watch: CancelSource) -> bool:
         """Keep `watch` as the overdue watch, unless another thread set one first."""

@@ -35,7 +35,7 @@ from collections.abc import Callable, Coroutine
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._body import Submit
+from ._body import Submit, ToolContext
 from ._call import CallMode, CallState, Stage
 from ._cancel import CancelToken
 from ._catalog import CatalogEntry
@@ -61,12 +61,6 @@ class Cancellable(Protocol):
     """An entry of the in-flight table: `close()` cancels it."""
 
     def cancel(self, reason: object) -> None: ...
-
-
-class Watcher(Protocol):
-    """Told the state of a call as soon as it exists."""
-
-    def watch(self, state: CallState) -> None: ...
 
 
 class Catalogue(Protocol):
@@ -137,13 +131,13 @@ class Dispatcher:
         mode: CallMode,
         progress: ProgressSink | None = None,
         admitted: CatalogEntry | None = None,
-        watcher: Watcher | None = None,
+        watcher: Callable[[CallState], object] | None = None,
         owns_call: bool = False,
     ) -> tuple[ToolResult[Any], BaseException | None]:
         """Run one call; its final result and the interrupt (if any) to re-raise or hand on.
 
         `admitted`: the batch already ran the entry checks (`call` is frozen, this is its
-        entry). `watcher.watch(state)` is told the call's state as soon as it exists (the
+        entry). `watcher(state)` is told the call's state as soon as it exists (the
         asyncio facade cancels it through that). `owns_call`: the registry made `call` from a
         name and nothing else has seen it.
         """
@@ -175,7 +169,7 @@ class Dispatcher:
             if hooks.call_hooks:
                 _start_traces(state, hooks)
             if watcher is not None:
-                watcher.watch(state)
+                watcher(state)
             result = execute_call(self, state, admitted)
         finally:
             token = state.token
@@ -199,8 +193,15 @@ class Dispatcher:
             raise interrupted
         return result
 
-    def run_nested(self, call: ToolCall, token: CancelToken) -> ToolResult[Any]:
-        return self.execute(call, token, CallMode.nested())
+    def run_nested(
+        self, call: ToolCall, token: CancelToken, parent: ToolContext
+    ) -> ToolResult[Any]:
+        """A nested call under `token`, run inline; `parent` (the body that makes it) is told
+        its state, so the parent's overdue watch can cover it (`ToolContext._watch_nested`)."""
+        result, interrupted = self.run(call, token, _NESTED, None, None, parent._watch_nested)
+        if interrupted is not None:
+            raise interrupted
+        return result
 
     def run_coroutine(
         self, make: Callable[[], Coroutine[Any, Any, Any]], token: CancelToken
@@ -468,6 +469,7 @@ def _drop_if_cancelled(item: Any, future: Future[Any]) -> None:
         item._drop()
 
 
+_NESTED = CallMode.nested()
 _callback_keys = itertools.count()  # keys for idle callbacks; next() is atomic
 
 # The façade (a `ToolRegistry`) -> its dispatcher, both held weakly: the asyncio facade finds a

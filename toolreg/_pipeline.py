@@ -240,7 +240,11 @@ def _run_plain(
         if timeout is not None:
             budget = _open_deadline(state, timeout)  # None: this tool has no timeout
         state.stage = _DISPATCH
-        ctx = ToolContext(state, state.token if budget is None else budget, host)
+        if budget is None:
+            ctx = ToolContext(state, state.token, host)
+        else:
+            ctx = ToolContext(state, budget, host)
+            ctx._covers_nested = False
         state.body = ctx
         state.stage = _BODY
         refused = None
@@ -576,6 +580,8 @@ def _body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolRe
             fused = CancelSource(token, wrapper_token)
             token = fused.token
     ctx = ToolContext(state, token, host)
+    if token is not state.token:
+        ctx._covers_nested = False  # see `ToolContext._covers_nested`
     state.body = ctx
     state.stage = _BODY
     if state.debug:

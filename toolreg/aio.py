@@ -668,7 +668,7 @@ class _AwaitedCall(_Job):
             self.mode,
             self.progress,
             None,
-            self,
+            self.watch,
             self.owned,
         )
         if interrupted is not None:  # a hook raised SystemExit/KeyboardInterrupt: as in sync
