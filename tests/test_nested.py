@@ -174,6 +174,18 @@ def _overdue_names(records: list[logging.LogRecord]) -> list[str]:
     ]
 
 
+def _add_stubborn(
+    registry: ToolRegistry, started: threading.Event, release: threading.Event
+) -> None:
+    """The tool `stubborn`: it says it started, then ignores its token until `release`."""
+
+    @registry.tool
+    def stubborn(args: Args, ctx: ToolContext) -> str:
+        started.set()
+        release.wait(WAIT)
+        return "late"
+
+
 @pytest.mark.parametrize("parent_runs", ["on a worker", "in a batch", "under a TimeoutPolicy"])
 @pytest.mark.parametrize("cancelled_by", ["the caller", "close()"])
 def test_a_nested_body_outlasting_its_parents_cancellation_gets_the_overdue_warning(
@@ -191,11 +203,7 @@ def test_a_nested_body_outlasting_its_parents_cancellation_gets_the_overdue_warn
         def parent(args: Args, ctx: ToolContext) -> str:
             return ctx.execute("stubborn").content
 
-        @registry.tool
-        def stubborn(args: Args, ctx: ToolContext) -> str:
-            started.set()
-            release.wait(WAIT)  # ignores ctx.token until the test saw the warning
-            return "late"
+        _add_stubborn(registry, started, release)
 
         caller = CancelSource()
         if parent_runs == "in a batch":
@@ -248,38 +256,6 @@ def test_a_nested_call_registers_nothing_on_its_parents_token(parent_runs: str) 
     assert listeners == [0]
 
 
-def test_a_nested_body_under_an_inline_parents_fired_deadline_gets_the_overdue_warning(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # The parent runs inline (a batch call) with a TimeoutPolicy deadline as its token: nothing
-    # watches such a parent when only that deadline fires (contract 4.4), so its nested call
-    # keeps a listener of its own, and that one does.
-    caplog.set_level(logging.WARNING, logger="toolreg")
-    started = threading.Event()
-    release = threading.Event()
-    with open_registry(max_workers=2, overdue_after=0.05) as registry:
-        registry.add_around(TimeoutPolicy())
-
-        @registry.tool(timeout=0.05)
-        def parent(args: Args, ctx: ToolContext) -> str:
-            return ctx.execute("stubborn").content
-
-        @registry.tool
-        def stubborn(args: Args, ctx: ToolContext) -> str:
-            started.set()
-            release.wait(WAIT)  # ignores ctx.token until the test saw the warning
-            return "late"
-
-        batch = Caller(lambda: registry.execute_batch([ToolCall("parent")]))
-        try:
-            assert started.wait(WAIT)
-            wait_until(lambda: "'stubborn'" in _overdue_names(caplog.records), "the warning")
-        finally:
-            release.set()
-        [result] = batch.join()
-    assert result.error is not None and result.error.code is ErrorCode.TOOL_TIMEOUT
-
-
 def test_a_nested_call_made_on_another_thread_of_the_body_keeps_its_own_watch(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -290,12 +266,7 @@ def test_a_nested_call_made_on_another_thread_of_the_body_keeps_its_own_watch(
     quick_done = threading.Event()
     release = threading.Event()
     with open_registry(max_workers=2, overdue_after=0.05) as registry:
-
-        @registry.tool
-        def stubborn(args: Args, ctx: ToolContext) -> str:
-            started.set()
-            release.wait(WAIT)
-            return "late"
+        _add_stubborn(registry, started, release)
 
         @registry.tool
         def quick(args: Args, ctx: ToolContext) -> str:
@@ -323,32 +294,32 @@ def test_a_nested_call_made_on_another_thread_of_the_body_keeps_its_own_watch(
         call.join()
 
 
-@pytest.mark.parametrize("wrappers", ["TimeoutPolicy alone", "TimeoutPolicy in a chain"])
-def test_a_nested_call_under_a_parents_deadline_keeps_its_watch_when_the_hooks_changed(
+@pytest.mark.parametrize(
+    "wrappers", ["TimeoutPolicy, kept", "TimeoutPolicy, removed", "it and a wrapper, removed"]
+)
+def test_a_nested_body_under_an_inline_parents_fired_deadline_gets_the_overdue_warning(
     caplog: pytest.LogCaptureFixture, wrappers: str
 ) -> None:
-    # The parent (a batch call, inline) got TimeoutPolicy's deadline as its token; the policy is
-    # removed before it makes its nested call, so that call has no around wrapper. The parent is
-    # not watched for its deadline alone (contract 4.4): the nested call must keep its own.
+    # The parent (a batch call, inline) got TimeoutPolicy's deadline as its token, and nothing
+    # watches such a parent when only that deadline fires (contract 4.4): its nested call keeps
+    # a listener of its own, also when the wrappers are removed before it is made (it then has
+    # no around wrapper, which alone would let the parent's watch cover it).
     caplog.set_level(logging.WARNING, logger="toolreg")
     started = threading.Event()
     release = threading.Event()
     with open_registry(max_workers=2, overdue_after=0.05) as registry:
         added = [registry.add_around(TimeoutPolicy())]
-        if wrappers == "TimeoutPolicy in a chain":
+        if wrappers == "it and a wrapper, removed":
             added.append(registry.add_around(lambda dispatch, proceed: proceed()))
 
         @registry.tool(timeout=0.05)
         def parent(args: Args, ctx: ToolContext) -> str:
-            for registration in added:
-                registration.remove()
+            if wrappers != "TimeoutPolicy, kept":
+                for registration in added:
+                    registration.remove()
             return ctx.execute("stubborn").content
 
-        @registry.tool
-        def stubborn(args: Args, ctx: ToolContext) -> str:
-            started.set()
-            release.wait(WAIT)  # ignores ctx.token until the test saw the warning
-            return "late"
+        _add_stubborn(registry, started, release)
 
         batch = Caller(lambda: registry.execute_batch([ToolCall("parent")]))
         try:
