@@ -57,6 +57,7 @@ from toolreg import (
     RegistryClosedError,
     Tool,
     ToolCall,
+    ToolContext,
     ToolRegistry,
     ToolResult,
 )
@@ -885,9 +886,13 @@ def test_anyio_cancellation_waits_for_the_body_without_spinning(how: str) -> Non
         registry.on_result(lambda result: journal(("result", result.code)))
 
         @registry.tool
-        def uncooperative(args: Any, ctx: Any) -> str:
+        def uncooperative(args: Any, ctx: ToolContext) -> str:
             started.set()
-            time.sleep(0.6)  # ignores its token
+            # The cancellation reaches the body first (a handshake, not a guess at how long
+            # the start takes), and the body then keeps working for a while regardless.
+            if not ctx.token.wait(WAIT):
+                raise AssertionError("the awaiting task's cancellation never reached the body")
+            time.sleep(0.4)  # simulated work that ignores the cancellation it has seen
             journal("body returned")
             return "late"
 
