@@ -7,12 +7,14 @@ never deadlocks, even when every worker is busy; after the body settled, the con
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from typing import Any
 
 import pytest
 from _registry_helpers import (
     ABORTED,
+    BEFORE,
     WAIT,
     Args,
     Caller,
@@ -32,6 +34,7 @@ from toolreg import (
     ToolCall,
     ToolContext,
     ToolRegistry,
+    ToolResult,
 )
 
 
@@ -254,6 +257,54 @@ def test_a_nested_call_registers_nothing_on_its_parents_token(parent_runs: str) 
             result = registry.execute("parent", token=caller.token)
     assert result.ok and result.value == "leaf"
     assert listeners == [0]
+
+
+@pytest.mark.parametrize(
+    "inner_runs", ["nested", "nested, with a wrapper", "registry.execute on the worker"]
+)
+def test_an_inline_body_claimed_back_just_before_it_starts_never_starts(inner_runs: str) -> None:
+    # An inline body has no joiner (and nothing to release for one): a canceller that wins its
+    # claim in the last window before the body's own claim settles it as never started. The
+    # window is held deterministically: the cancellation runs on the body's thread as
+    # `ToolContext._run` is entered.
+    ran: list[str] = []
+    inner_results: list[ToolResult[Any]] = []
+    with open_registry(max_workers=2) as registry:
+        if inner_runs == "nested, with a wrapper":
+            registry.add_around(lambda dispatch, proceed: proceed())
+
+        @registry.tool
+        def inner(args: Args, ctx: ToolContext) -> str:
+            ran.append("inner")
+            return "inner"
+
+        def cancel_as_the_body_starts(frame: Any, event: str, arg: Any) -> Any:
+            if event == "call" and frame.f_code is ToolContext._run.__code__:
+                body = frame.f_locals["self"]
+                if body.call.name == "inner":
+                    for entry in list(registry._dispatcher._calls.values()):
+                        if getattr(entry, "call", None) == body.call:  # the inner call's state
+                            entry.cancel("cancelled in the window")  # white-box: close()'s step
+            return None
+
+        @registry.tool
+        def outer(args: Args, ctx: ToolContext) -> str:
+            sys.settrace(cancel_as_the_body_starts)
+            try:
+                if inner_runs == "registry.execute on the worker":
+                    inner_results.append(registry.execute("inner", token=ctx.token))
+                else:
+                    inner_results.append(ctx.execute("inner"))
+            finally:
+                sys.settrace(None)
+            return "outer"
+
+        result = registry.execute("outer")
+    assert result.ok, result.content
+    [inner_result] = inner_results
+    assert ran == []
+    assert inner_result.error is not None
+    assert inner_result.error.code is BEFORE and not inner_result.dispatched
 
 
 def test_a_nested_call_made_on_another_thread_of_the_body_keeps_its_own_watch(

@@ -153,7 +153,7 @@ class _Runner(Claim):
         self.state: CallState | None = None
 
     def _run(self) -> None:
-        if not self._claim.acquire(False):
+        if not self._claimed():
             return  # the scheduler took it back after cancellation
         try:
             # The batch caller's context variables, as the asyncio facade and call hooks expect
@@ -203,7 +203,7 @@ class _Runner(Claim):
 
     def take_back(self) -> bool:
         """For the scheduler, after cancellation: a runner no worker picked up never starts."""
-        if not self._claim.acquire(False):
+        if not self._claimed():
             return False
         self._done()
         return True

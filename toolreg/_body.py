@@ -9,8 +9,9 @@ Handed to a worker as it is (no `Future`, no wrapper), it is claimed exactly onc
   marks it never started and wakes the joiner at once: a call cancelled while queued returns
   promptly and its body never starts.
 
-The joiner waits on `_done`, a lock released exactly once by whoever claimed; `_settled` is set
-first, so once it reads True the outcome is recorded. Joining means this object recorded that
+The joiner of a body handed to a worker waits on `_done`, a lock released exactly once by
+whoever claimed (an inline body has no joiner and no `_done`); `_settled` is set first, so once
+it reads True the outcome is recorded. Joining means this object recorded that
 the body returned or raised: the registry never looks at an executor future.
 """
 
@@ -42,6 +43,7 @@ __all__ = ["BodyHost", "NotStarted", "Runner", "ToolContext", "run_body"]
 _Lock = threading.Lock
 _NEVER = CancelToken.never()
 _CONTEXT_LOCK = threading.Lock()  # guards every ToolContext's _contexts and _closed (rarely held)
+_context_acquire, _context_release = _CONTEXT_LOCK.acquire, _CONTEXT_LOCK.release
 _WATCH_LOCK = threading.Lock()  # guards every ToolContext's _overdue (the cancellation path only)
 
 
@@ -129,6 +131,9 @@ class ToolContext(Claim):
     # that, and an inline body is not watched for it: contract 4.4).
     _covers_nested = True
     _settled_at: float | None = None
+    # Held until the claimant has finished, released once; only a body that is handed to a worker
+    # has one (made before anyone can see the context): an inline body has no joiner.
+    _done: threading.Lock | None = None
     # A runner joins on the stage thread and reports interrupts there; cleared on settling (it
     # refers to the call's state, which refers to this context).
     _interrupt: Callable[[BaseException], None] | None = None
@@ -136,10 +141,13 @@ class ToolContext(Claim):
     call: ToolCall
     token: CancelToken
 
-    def __init__(self, state: CallState, token: CancelToken, host: BodyHost) -> None:
-        self._claim = _Lock()  # acquired once, by the party that owns the start (`Claim`)
-        self._done = done = _Lock()  # held until the claimant has finished; released once
-        done.acquire()
+    def __init__(
+        self, state: CallState, token: CancelToken, host: BodyHost, joined: bool = True
+    ) -> None:
+        self._claim = [True]  # taken once, by the party that owns the start (`Claim`)
+        if joined:  # handed to a worker: the joiner waits on `_done`
+            self._done = done = _Lock()
+            done.acquire()
         # What the run needs of the call, copied: the context never refers back to the call's
         # state (which refers to it), so a finished call is freed without the cyclic GC.
         self.call = state.call
@@ -206,7 +214,7 @@ class ToolContext(Claim):
 
     def _run(self) -> None:
         """Start the body here if nobody claimed it, and if its token allows; never raises."""
-        if not self._claim.acquire(False):
+        if not self._claimed():
             return  # a canceller owns it: it never starts, and the joiner was woken already
         try:
             if self._live and self.token.cancelled:
@@ -236,12 +244,18 @@ class ToolContext(Claim):
                 self._live_on_return = not self.token.cancelled
             self._settled_at = time.monotonic()
         finally:
-            with _CONTEXT_LOCK:
+            # `with _CONTEXT_LOCK`, without its method lookups (this runs for every body).
+            _context_acquire()
+            try:
                 self._closed = True
+            finally:
+                _context_release()
             if self._runner is not None:
                 self._interrupt = None
             self._settled = True
-            self._done.release()
+            done = self._done
+            if done is not None:
+                done.release()
 
     def _call_body(self) -> Any:
         if self._runner is not None:
@@ -291,12 +305,14 @@ class ToolContext(Claim):
 
     def _claim_back(self) -> bool:
         """Claim the body for a canceller: True if it had not started (it never will)."""
-        if not self._claim.acquire(False):
+        if not self._claimed():
             return False
         with _CONTEXT_LOCK:
             self._closed = True
         self._settled = True
-        self._done.release()
+        done = self._done
+        if done is not None:
+            done.release()
         return True
 
     def _watch_overdue(self) -> None:
@@ -389,6 +405,8 @@ def run_body(
     own = token is state.token
     listens = not own or (state.live and state.caller is not _NEVER)
     listener: Registration | None = None
+    done = ctx._done
+    assert done is not None  # made `joined` by the caller, which hands it over
     try:
         taken = False
         try:
@@ -407,7 +425,6 @@ def run_body(
             if listens:
                 listener = _listen(state, ctx, due)
             first = _first_wait(due)
-        done = ctx._done
         if first < 0:
             while not ctx._settled:  # no signal lands off the main thread: block until settled
                 done.acquire()
@@ -425,7 +442,7 @@ def run_body(
             wake_at = None if due is None or due is False else functools.partial(_due, due)
             wait_until(
                 ctx._is_settled,
-                functools.partial(ctx._done.acquire, True),
+                functools.partial(done.acquire, True),
                 functools.partial(_interrupt_join, ctx, interrupted),
                 wake_at,
                 ctx._wake,
@@ -434,7 +451,7 @@ def run_body(
         _interrupt_join(ctx, interrupted, exc)
         wait_until(
             ctx._is_settled,
-            functools.partial(ctx._done.acquire, True),
+            functools.partial(done.acquire, True),
             functools.partial(_interrupt_join, ctx, interrupted),
         )
     finally:

@@ -240,21 +240,21 @@ def _run_plain(
         if timeout is not None:
             budget = _open_deadline(state, timeout)  # None: this tool has no timeout
         state.stage = _DISPATCH
+        # Inline (not joined): already on a thread dedicated to this call; a runner joins its
+        # remote body here. Otherwise the body goes to a worker and is joined.
+        joined = not state.inline and state.entry.runner is None
         if budget is None:
-            ctx = ToolContext(state, state.token, host)
+            ctx = ToolContext(state, state.token, host, joined)
         else:
-            ctx = ToolContext(state, budget, host)
+            ctx = ToolContext(state, budget, host, joined)
             ctx._covers_nested = False
         state.body = ctx
         state.stage = _BODY
         refused = None
-        if state.caller_watched:
+        if state.caller_watched:  # inline (a batch's or nested call's)
             ctx._run()  # run_body's inline case, whose only extra is the caller's overdue watch
         else:
-            # Inline: already on a thread dedicated to this call; a runner joins its remote
-            # body here. Otherwise the body goes to a worker and is joined.
-            inline = state.inline or state.entry.runner is not None
-            refused = run_body(state, ctx, None if inline else host.submit, state.interrupt)
+            refused = run_body(state, ctx, host.submit if joined else None, state.interrupt)
         contexts = ctx._finish()
         started = ctx._started
         if budget is not None:
@@ -579,17 +579,18 @@ def _body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolRe
         else:
             fused = CancelSource(token, wrapper_token)
             token = fused.token
-    ctx = ToolContext(state, token, host)
+    # Inline (not joined): already on a thread dedicated to this call; a runner joins its
+    # remote body here.
+    joined = not state.inline and state.entry.runner is None
+    ctx = ToolContext(state, token, host, joined)
     if token is not state.token:
         ctx._covers_nested = False  # see `ToolContext._covers_nested`
     state.body = ctx
     state.stage = _BODY
     if state.debug:
         state.log_stage()
-    # Inline: already on a thread dedicated to this call; a runner joins its remote body here.
-    submit = None if state.inline or state.entry.runner is not None else host.submit
     try:
-        refused = run_body(state, ctx, submit, state.interrupt)
+        refused = run_body(state, ctx, host.submit if joined else None, state.interrupt)
     finally:
         if fused is not None:
             fused.close()  # nothing of this body stays linked to the caller's token

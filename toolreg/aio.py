@@ -341,11 +341,11 @@ class _Job(Claim):
 
     def _run(self) -> None:
         """On a worker: run the work unless a canceller claimed it; deliver its outcome."""
-        if self._claim.acquire(False):
+        if self._claimed():
             self._finish(self._work)
 
     def _drop(self) -> None:
-        if self._claim.acquire(False):
+        if self._claimed():
             HELPER.call_soon(lambda: self._finish(self._never_started))
 
     def _finish(self, produce: Callable[[], Any]) -> None:
@@ -374,7 +374,7 @@ class _Job(Claim):
         Both the unstarted results (observers) and the token's cancellation (its callbacks) are
         user code, so they run on the helper thread; the claim itself is decided right here.
         """
-        if self._claim.acquire(False):
+        if self._claimed():
             HELPER.call_soon(lambda: self._finish(self._never_started))
         else:
             self._cancel_reason = reason
@@ -382,7 +382,7 @@ class _Job(Claim):
 
     def refuse(self, exc: BaseException) -> None:
         """The executor would not take the job (it was shut down): fail the awaiting task."""
-        if self._claim.acquire(False):
+        if self._claimed():
             self.dispatcher.untrack(self.key)
             refused = ExecutorRefusedError(f"the executor refused the call: {exc}")
             self._deliver((False, refused))
@@ -539,7 +539,7 @@ class _Outbox:
         """Run the job unless a canceller claimed it; deliver its outcome."""
         outcome = None
         try:
-            if job._claim.acquire(False):
+            if job._claimed():
                 outcome = job._outcome(job._work)
         finally:
             with self._lock:  # ready again, before the outcome wakes the loop to queue more
