@@ -337,7 +337,8 @@ class ToolRegistry:
             caller = _validate.caller_token(token)
         mode = _DIRECT if start_if_cancelled else _DIRECT_MODEL
         sink = None if progress is None else progress_sink(progress)
-        result, interrupted = self._dispatcher.run(call, caller, mode, sink, owns_call=owned)
+        # Positional (no admitted entry, no watcher): a keyword call costs more on this hot path.
+        result, interrupted = self._dispatcher.run(call, caller, mode, sink, None, None, owned)
         if interrupted is not None:
             raise interrupted  # once the call is complete and observed
         return result
