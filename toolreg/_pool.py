@@ -135,7 +135,9 @@ class WorkerPool(Executor):
         by toolreg's helper thread, because `Thread.start()` blocks until the thread runs.
         Raises `RuntimeError` after `shutdown()`.
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: its lookups cost more than the rest of this hot path
+        try:
             if self._shutdown:
                 raise RuntimeError("cannot hand work to a WorkerPool after shutdown()")
             ready = self._ready
@@ -152,6 +154,8 @@ class WorkerPool(Executor):
                 return False
             self._count += 1
             worker = _Worker(item)
+        finally:
+            lock.release()
         self._start(worker, may_block)
         return True
 
@@ -240,7 +244,9 @@ class WorkerPool(Executor):
 
     def _next(self, worker: _Worker) -> WorkItem | _Sleep | None:
         """The worker's next item: from the backlog, or None to exit, or `SLEEP` (it is idle)."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`, as in `_hand_over`: once per item
+        try:
             if self._backlog:
                 item = self._backlog.popleft()
                 # Like a woken worker, make sure the next queued item has a taker before this
@@ -253,6 +259,8 @@ class WorkerPool(Executor):
             else:
                 self._idle.append(worker)
                 return SLEEP
+        finally:
+            lock.release()
         if spare is not None:
             self._start_spare(spare)
         return item

@@ -486,11 +486,15 @@ class _Outbox:
         """On the loop: queue the job; hand a runner to the pool unless one is ready."""
         runner = None
         try:
-            with self._lock:
+            lock = self._lock
+            lock.acquire()  # not `with`: its lookups cost more than this block (once per call)
+            try:
                 self._jobs.append(job)
                 if self._standby is not None or self._looking:
                     return
                 runner = self._standby = _Runner(self)
+            finally:
+                lock.release()
             self._hand_over(runner)
         except BaseException:  # a signal handler's exception, wherever it landed in here
             self._after_interrupt(runner)
@@ -531,9 +535,13 @@ class _Outbox:
             except BaseException:  # a job never raises; if one did, the queue is still served
                 logger.exception("toolreg: an awaited call raised on its runner")
             del job  # not held while this runner waits for the GIL or the lock
-            with self._lock:
+            lock = self._lock
+            lock.acquire()  # not `with`, as in `put`
+            try:
                 self._looking -= 1
                 job, spawn = self._take()
+            finally:
+                lock.release()
 
     def _run_one(self, job: _Job) -> None:
         """Run the job unless a canceller claimed it; deliver its outcome."""
@@ -542,8 +550,12 @@ class _Outbox:
             if job._claimed():
                 outcome = job._outcome(job._work)
         finally:
-            with self._lock:  # ready again, before the outcome wakes the loop to queue more
-                self._looking += 1
+            lock = self._lock
+            lock.acquire()  # not `with`, as in `put`
+            try:
+                self._looking += 1  # ready again, before the outcome wakes the loop to queue more
+            finally:
+                lock.release()
         if outcome is not None:
             job._deliver(outcome)
 
