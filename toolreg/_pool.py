@@ -6,7 +6,8 @@ hand-off may wake a second idle worker, and the caller's wait goes through a `Fu
 per round trip). Here each idle worker sleeps on a lock of its own, idle workers are taken last
 in, first out (the most recently active one is the likeliest to be warm), and the registry hands
 over its own per-call object as the work item, so a round trip is at most two wake-ups: the
-caller wakes one worker, the worker wakes the caller.
+caller wakes one worker, the worker wakes the caller. What a worker sleeps on, and why a
+hand-off wakes it without holding the GIL where it can, is `_wake`.
 
 A burst of hand-offs wakes one worker, not one each: an item handed over while the last worker
 woken has not yet woken up waits in the backlog, and that worker, once awake, passes the first
@@ -26,8 +27,9 @@ real `Executor` for anyone.
 Lifecycle: threads are started on demand, up to `max_workers`, and are daemons: an idle pool
 never keeps the interpreter alive (the registry cancels and joins calls still in flight at
 exit). `shutdown()` stops them; after `fork()` the child's pool forgets the parent's threads and
-starts fresh ones on demand. An idle worker wakes on its own every `_IDLE_CHECK` seconds to
-recover from a hand-off that a signal handler interrupted halfway.
+starts fresh ones on demand. A hand-off that a signal handler interrupted halfway wakes the
+workers it may have left out of the idle list without a wake-up (`_rescue`); a worker sleeping
+on a lock also wakes on its own every `IDLE_CHECK` seconds to re-check its slot.
 """
 
 from __future__ import annotations
@@ -45,13 +47,13 @@ from typing import Any, Protocol, TypeVar
 
 from ._helper import HELPER
 from ._logger import logger
+from ._wake import Wake, new_wake
 
 __all__ = ["WorkerPool"]
 
 
 T = TypeVar("T")
 
-_IDLE_CHECK = 30.0  # seconds an idle worker sleeps before it re-checks its own slot
 _pool_numbers = itertools.count(1)  # thread names of pools without a prefix; next() is atomic
 
 
@@ -70,8 +72,7 @@ class _Worker:
 
     def __init__(self, item: WorkItem | None) -> None:
         self.item = item  # written under the pool lock by whoever hands it work
-        self.wake = threading.Lock()  # held while the worker sleeps; released to wake it
-        self.wake.acquire()
+        self.wake: Wake = new_wake()  # what it sleeps on, and how it is woken
         self.thread: threading.Thread | None = None
 
 
@@ -135,6 +136,24 @@ class WorkerPool(Executor):
         by toolreg's helper thread, because `Thread.start()` blocks until the thread runs.
         Raises `RuntimeError` after `shutdown()`.
         """
+        try:
+            worker, wake = self._place(item)
+            if wake is not None and wake.deferred:
+                wake.release_deferred()  # after the pool's lock: see `_wake`
+        except RuntimeError:  # shut down: nothing was taken out of the idle list
+            raise
+        except BaseException:  # a signal handler's exception may have cut the wake-up off
+            self._rescue()
+            raise
+        if worker is None:
+            return wake is not None
+        self._start(worker, may_block)
+        return True
+
+    def _place(self, item: WorkItem) -> tuple[_Worker | None, Wake | None]:
+        """`_hand_over`'s part under the pool's lock. `(worker, None)`: a new worker to start
+        with `item`; `(None, wake)`: an idle worker took it (its wake-up is made already, or
+        is to be made after the lock if it is `deferred`); `(None, None)`: it is queued."""
         lock = self._lock
         lock.acquire()  # not `with`: its lookups cost more than the rest of this hot path
         try:
@@ -142,33 +161,46 @@ class WorkerPool(Executor):
                 raise RuntimeError("cannot hand work to a WorkerPool after shutdown()")
             ready = self._ready
             if ready is not None and self._behind(ready, item):
-                return False
+                return None, None
             if self._idle:
                 worker = self._idle.pop()
                 worker.item = item
                 self._ready = worker
-                worker.wake.release()  # under the lock: the slot and the wake-up go together
-                return True
+                wake = worker.wake
+                if wake.deferred:
+                    wake.mark()
+                else:
+                    wake.release()  # under the lock: the slot and the wake-up go together
+                return None, wake
             if self._count >= self._max:
                 self._backlog.append(item)
-                return False
+                return None, None
             self._count += 1
-            worker = _Worker(item)
+            return _Worker(item), None
         finally:
             lock.release()
-        self._start(worker, may_block)
-        return True
+
+    def _rescue(self) -> None:
+        """A hand-off was interrupted: wake every started worker not in the idle list, so one
+        it took out of the list without waking it learns (spurious wake-ups of busy workers
+        only make them look at their slot once more)."""
+        with self._lock:
+            idle = set(map(id, self._idle))
+            for worker in list(self._threads.values()):
+                if id(worker) not in idle:
+                    with contextlib.suppress(RuntimeError):  # a lock released already
+                        worker.wake.release()
 
     def _behind(self, ready: _Worker, item: WorkItem) -> bool:
         """With the lock held: queue `item` behind `ready` if it has not woken yet.
 
-        Queued first, checked after: a worker takes its wake lock, then looks at the backlog
-        (without the lock), so either that look sees the item, or this check sees the wake lock
-        taken and takes the item back (still last: the backlog is popped only under the lock).
+        Queued first, checked after: a worker wakes (`waking()` turns False), then looks at the
+        backlog (without the lock), so either that look sees the item, or this check sees it
+        woken and takes the item back (still last: the backlog is popped only under the lock).
         """
-        if not ready.wake.locked():
+        if ready.wake.waking():
             self._backlog.append(item)
-            if not ready.wake.locked():
+            if ready.wake.waking():
                 return True
             self._backlog.pop()
         self._ready = None  # it has started: what it runs may block
@@ -272,16 +304,25 @@ class WorkerPool(Executor):
             if item is not None:
                 worker.item = None
                 if timed_out:
-                    # Handed over as the wait timed out: the hand-off released the wake lock
+                    # Handed over as a lock's wait timed out: the hand-off released the lock
                     # (under this lock, so it has). Take that release back, or the next
                     # hand-off would release an unlocked lock.
-                    worker.wake.acquire(False)
+                    worker.wake.take_back()
                 return item
             if self._shutdown:
                 if worker in self._idle:
                     self._idle.remove(worker)
                 self._left()
                 return None
+            if self._backlog:
+                # Woken without an item (a spurious wake-up, or a timeout) while items wait,
+                # maybe queued behind this very worker (`_behind`): it is free, so it takes the
+                # first, as a worker that finishes one does (`_next`).
+                if worker in self._idle:
+                    self._idle.remove(worker)
+                if self._ready is worker:
+                    self._ready = None
+                return self._backlog.popleft()
             if worker not in self._idle:  # popped without an item: put back (see module doc)
                 self._idle.append(worker)
             return SLEEP
@@ -300,6 +341,11 @@ class WorkerPool(Executor):
             spare = self._pass_first() if self._backlog and not self._shutdown else None
         if spare is not None:
             self._start_spare(spare)
+
+    def _retire(self, worker: _Worker) -> None:
+        """A worker's thread is leaving: free its wake-up (see `EventWake.close`)."""
+        with self._lock:
+            worker.wake.close()
 
     def _left(self) -> None:
         """With the lock held: one worker less (it exits, or its thread never started)."""
@@ -329,6 +375,7 @@ class WorkerPool(Executor):
                 self._backlog.clear()
             idle = list(self._idle)
             self._idle.clear()
+            self._ready = None  # nothing refers to a worker once it has left (see `_wake`)
             for worker in idle:
                 worker.wake.release()
         self._drop_all(dropped)
@@ -392,7 +439,7 @@ def _serve(
     backlog: collections.deque[WorkItem],
     worker: _Worker,
 ) -> None:
-    """A worker thread: run items; sleep on the worker's own lock between them."""
+    """A worker thread: run items; sleep on its own wake-up (`_wake`) between them."""
     ident = threading.get_ident()
     threads[ident] = worker
     try:
@@ -406,6 +453,9 @@ def _serve(
             pool._abandoned(worker)
     finally:
         threads.pop(ident, None)
+        pool = pool_ref()
+        if pool is not None:  # (a collected pool's workers leave their wake-ups to finalizers)
+            pool._retire(worker)
 
 
 def _work(
@@ -418,7 +468,7 @@ def _work(
         _pass_on(pool_ref)
     while True:
         if isinstance(item, _Sleep):
-            woken = worker.wake.acquire(timeout=_IDLE_CHECK)
+            woken = worker.wake.sleep()
             if woken:
                 # Woken by a hand-off: its item was written before the release that woke
                 # us, and nobody else writes the slot of a worker out of the idle list.
