@@ -215,13 +215,18 @@ class WorkerPool(Executor):
             self._start_spare(spare)
 
     def _pass_first(self) -> _Worker | None:
-        """With the lock held and items queued: hand the first to an idle worker, or return a new
-        worker holding it for the caller to start (after the lock), or leave it (all busy)."""
+        """With the lock held and items queued: hand the first to an idle worker, or to a new
+        worker, or leave it (all busy). What is returned is for `_start_spare` after the lock:
+        a new worker to start, or an idle one whose deferred wake-up is still to be made."""
         if self._idle:
             worker = self._idle.pop()
             worker.item = self._backlog.popleft()
             self._ready = worker
-            worker.wake.release()
+            wake = worker.wake
+            if wake.deferred:
+                wake.mark()
+                return worker
+            wake.release()
             return None
         if self._count >= self._max:
             return None  # every worker is busy: the first to free up takes it
@@ -229,6 +234,10 @@ class WorkerPool(Executor):
         return _Worker(self._backlog.popleft())
 
     def _start_spare(self, worker: _Worker) -> None:
+        """After the lock, what `_pass_first` returned: wake it, or start its thread."""
+        if worker.thread is not None:  # an idle worker, handed the item
+            worker.wake.release_deferred()
+            return
         # From a worker, which must live on: `_lost` has logged the failure and requeued the item.
         with contextlib.suppress(Exception):
             self._start(worker, True)

@@ -14,6 +14,11 @@ lock (the slot and the wake-up go together, and a timed-out sleep can take the r
 an eventfd write is made after the pool's lock is released (`deferred`), so the worker it wakes
 does not find that lock held either. An eventfd sleep never times out: an interrupted hand-off
 wakes the workers it may have left out instead (`WorkerPool._rescue`).
+
+The price: a waker that goes on running after the hand-off (an event loop queuing more awaited
+calls, a worker passing a queued item on) gives the CPU to the worker it woke and waits for the
+GIL back, where a lock release would have let it finish first. A blocking caller, the common
+case, waits for that worker anyway.
 """
 
 from __future__ import annotations
