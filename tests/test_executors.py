@@ -219,6 +219,30 @@ def test_a_hand_off_interrupted_halfway_leaves_no_worker_asleep_for_ever(
         pool.shutdown(wait=True)
 
 
+def test_worker_pool_shutdown_leaves_no_descriptor_open_even_if_a_traceback_keeps_a_worker(
+    wake_kind: str,
+) -> None:
+    # Each worker's eventfd is closed as its thread leaves, not when the last reference to the
+    # worker goes: here a failure's traceback (whose frames reach the worker's loop) outlives
+    # the pool, as a result holding the exception would.
+    fds_before = len(os.listdir("/proc/self/fd"))
+    pool = WorkerPool(4, "test-descriptors")
+    barrier = threading.Barrier(5)
+
+    def fail() -> None:
+        barrier.wait(WAIT)  # four at once: four threads
+        raise ValueError("kept")
+
+    futures = [pool.submit(fail) for _ in range(4)]
+    barrier.wait(WAIT)
+    errors = [future.exception(WAIT) for future in futures]
+    assert all(isinstance(error, ValueError) for error in errors)
+    assert pool._count == 4  # white-box: four threads, each with its wake-up
+    pool.shutdown(wait=True)
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    assert all(error.__traceback__ is not None for error in errors if error is not None)
+
+
 def test_worker_pool_shutdown_waits_for_a_worker_whose_thread_is_not_started_yet() -> None:
     # A hand-off with may_block=False (an event loop's) counts a new worker in and leaves its
     # thread to the helper to start: shutdown(wait=True) returned before that work ran.
