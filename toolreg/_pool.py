@@ -270,7 +270,7 @@ class WorkerPool(Executor):
     def _lost(self, worker: _Worker) -> None:
         """A worker whose thread could not start: its item waits for the others."""
         with self._lock:
-            self._left()
+            self._left(worker)
             item = worker.item
             worker.item = None
             if item is not None:
@@ -295,7 +295,7 @@ class WorkerPool(Executor):
                 # that were busy when it formed, and a blocking item among it stalls the rest.
                 spare = self._pass_first() if self._backlog and not self._shutdown else None
             elif self._shutdown:
-                self._left()
+                self._left(worker)
                 return None
             else:
                 self._idle.append(worker)
@@ -321,7 +321,7 @@ class WorkerPool(Executor):
             if self._shutdown:
                 if worker in self._idle:
                     self._idle.remove(worker)
-                self._left()
+                self._left(worker)
                 return None
             if self._backlog:
                 # Woken without an item (a spurious wake-up, or a timeout) while items wait,
@@ -346,18 +346,16 @@ class WorkerPool(Executor):
             item, worker.item = worker.item, None
             if item is not None:
                 self._backlog.appendleft(item)
-            self._left()
+            self._left(worker)
             spare = self._pass_first() if self._backlog and not self._shutdown else None
         if spare is not None:
             self._start_spare(spare)
 
-    def _retire(self, worker: _Worker) -> None:
-        """A worker's thread is leaving: free its wake-up (see `EventWake.close`)."""
-        with self._lock:
-            worker.wake.close()
-
-    def _left(self) -> None:
-        """With the lock held: one worker less (it exits, or its thread never started)."""
+    def _left(self, worker: _Worker) -> None:
+        """With the lock held: one worker less (it exits, or its thread never started). Its
+        wake-up is freed here, before `shutdown(wait=True)` can see the count drop (it joins
+        only the threads still listed; see `EventWake.close`)."""
+        worker.wake.close()
         self._count -= 1
         self._exited.notify_all()
 
@@ -461,10 +459,7 @@ def _serve(
         if pool is not None:
             pool._abandoned(worker)
     finally:
-        threads.pop(ident, None)
-        pool = pool_ref()
-        if pool is not None:  # (a collected pool's workers leave their wake-ups to finalizers)
-            pool._retire(worker)
+        threads.pop(ident, None)  # (a collected pool's workers leave their wake-ups to finalizers)
 
 
 def _work(

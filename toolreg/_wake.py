@@ -96,7 +96,9 @@ class EventWake:
         """Under the pool's lock: wake the worker. Extra wake-ups before it wakes count as
         one, and a spurious one only makes it look at its slot."""
         self._waking = True
-        os.eventfd_write(self._fd, 1)
+        fd = self._fd
+        if fd >= 0:  # closed (its worker has left, under the same lock): nobody to wake
+            os.eventfd_write(fd, 1)
 
     def release_deferred(self) -> None:
         """After the pool's lock: the wake-up `mark` announced."""
@@ -116,8 +118,8 @@ class EventWake:
         """Never needed: an eventfd sleep does not time out."""
 
     def close(self) -> None:
-        """Under the pool's lock, once the worker has left (out of the idle list and of the
-        pool's threads, so no wake-up under the lock targets it any more): close the
+        """Under the pool's lock, as the worker leaves (out of the idle list, so no hand-off
+        takes it any more; a wake-up under that lock finds it closed and skips it): close the
         descriptor, unless a deferred writer may still be about to use it; the finalizer
         closes it then. (A close while a writer is in its system call could hit a descriptor
         opened meanwhile under the same number.)"""
