@@ -166,6 +166,19 @@ def test_joining_waits_for_the_body_never_for_the_future_and_never_cancels_it() 
 # -- WorkerPool as a concurrent.futures.Executor -----------------------------------------------
 
 
+class RunRecorder:
+    """A pool work item that notes it ran."""
+
+    def __init__(self) -> None:
+        self.ran = threading.Event()
+
+    def _run(self) -> None:
+        self.ran.set()
+
+    def _drop(self) -> None:
+        pass
+
+
 def _line_of(function: Any, text: str) -> int:
     """The line number of the first line of `function` that contains `text`."""
     lines, first = inspect.getsourcelines(function)
@@ -188,14 +201,7 @@ def test_a_hand_off_interrupted_halfway_leaves_no_worker_asleep_for_ever(
     else:
         code = WorkerPool._hand_over.__code__
         line = _line_of(WorkerPool._hand_over, "wake.release_deferred()")
-    ran = threading.Event()
-
-    class Item:
-        def _run(self) -> None:
-            ran.set()
-
-        def _drop(self) -> None:
-            pass
+    item = RunRecorder()
 
     def interrupt(frame: Any, event: str, arg: Any) -> Any:
         if frame.f_code is code:
@@ -209,10 +215,10 @@ def test_a_hand_off_interrupted_halfway_leaves_no_worker_asleep_for_ever(
     try:
         sys.settrace(interrupt)
         with pytest.raises(KeyboardInterrupt):
-            pool._hand_over(Item())
+            pool._hand_over(item)
         sys.settrace(None)
         if where == "before a deferred wake-up":
-            assert ran.wait(WAIT), "the worker given the item was never woken"
+            assert item.ran.wait(WAIT), "the worker given the item was never woken"
         assert pool.submit(lambda: "next").result(WAIT) == "next"
     finally:
         sys.settrace(None)
@@ -255,20 +261,13 @@ def test_worker_pool_shutdown_waits_for_a_worker_whose_thread_is_not_started_yet
         start_later(worker, thread)
 
     pool._start_later = held_start  # type: ignore[method-assign]
-    ran = threading.Event()
+    item = RunRecorder()
 
-    class Item:
-        def _run(self) -> None:
-            ran.set()
-
-        def _drop(self) -> None:
-            pass
-
-    pool._hand_over(Item(), may_block=False)
+    pool._hand_over(item, may_block=False)
 
     def shut_down() -> bool:
         pool.shutdown(wait=True)
-        return ran.is_set()
+        return item.ran.is_set()
 
     shutdown = Caller(shut_down, name="test-shutdown")
     wait_until(lambda: pool._shutdown, "shutdown() to begin")  # white-box
