@@ -3,7 +3,7 @@
 A `concurrent.futures.ThreadPoolExecutor` hands work over through one shared queue: every
 hand-off may wake a second idle worker, and the caller's wait goes through a `Future`, a
 `Condition` and an idle semaphore (about four wake-ups and a dozen Python-level lock operations
-per round trip). Here each idle worker sleeps on a lock of its own, idle workers are taken last
+per round trip). Here each idle worker sleeps on a wake-up of its own, idle workers are taken last
 in, first out (the most recently active one is the likeliest to be warm), and the registry hands
 over its own per-call object as the work item, so a round trip is at most two wake-ups: the
 caller wakes one worker, the worker wakes the caller. What a worker sleeps on, and why a
@@ -66,7 +66,7 @@ class WorkItem(Protocol):
 
 
 class _Worker:
-    """One worker thread's slot: the item handed to it, and the lock it sleeps on."""
+    """One worker thread's slot: the item handed to it, and the wake-up it sleeps on."""
 
     __slots__ = ("item", "thread", "wake")
 
@@ -109,7 +109,7 @@ class WorkerPool(Executor):
         # Items waiting for a worker: every worker busy, or queued behind `_ready`. Cleared in
         # place, never replaced: the workers hold it, to look at it without the lock.
         self._backlog: collections.deque[WorkItem] = collections.deque()
-        # The worker most recently woken with an item: until its wake lock is taken again, it
+        # The worker most recently woken with an item: while its wake-up says `waking()`, it
         # has not started that item, and the first thing it does once it has is to look at the
         # backlog (`_serve`). Items handed over meanwhile wait there, so a burst of hand-offs
         # wakes one worker, not one each (many woken workers fight over the GIL).
@@ -514,8 +514,9 @@ def _pass_on(pool_ref: weakref.ref[WorkerPool]) -> None:
 def _wake_all(idle: list[_Worker], _ref: object) -> None:
     """The pool was collected: wake its sleeping workers, which then see it gone and exit.
 
-    A weakref callback, so it may run inside any allocation: it takes no lock (releasing a
-    worker's wake lock never blocks), and nobody else can touch a dead pool's idle list.
+    A weakref callback, so it may run inside any allocation: it takes no lock (waking a worker
+    never blocks), and nobody else can touch a dead pool's idle list. A worker that leaves a dead
+    pool does not close its eventfd (that takes the pool's lock): its finalizer does.
     """
     for worker in list(idle):
         with contextlib.suppress(RuntimeError):  # woken already
