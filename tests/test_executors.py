@@ -200,7 +200,7 @@ def test_a_hand_off_interrupted_halfway_leaves_no_worker_asleep_for_ever(
         code, line = WorkerPool._place.__code__, _line_of(WorkerPool._place, "worker.item = item")
     else:
         code = WorkerPool._hand_over.__code__
-        line = _line_of(WorkerPool._hand_over, "wake.release_deferred()")
+        line = _line_of(WorkerPool._hand_over, "wake.release_deferred(goes_on)")
     item = RunRecorder()
 
     def interrupt(frame: Any, event: str, arg: Any) -> Any:
@@ -437,6 +437,35 @@ def pool_with_a_held_wake(waking_answers: tuple[bool, ...] = ()) -> tuple[Worker
     pool.submit(swap).result(WAIT)
     assert held[0].sleeping.wait(WAIT)  # idle, in the wait it will be woken from
     return pool, held[0]
+
+
+def test_a_hand_off_whose_caller_goes_on_still_wakes_an_idle_worker() -> None:
+    # `goes_on=True` (an event loop with more to run) wakes the worker without giving up the
+    # GIL; it must wake it all the same, whichever kind of wake-up it sleeps on.
+    pool = WorkerPool(1)
+    try:
+        assert pool.submit(lambda: "warm").result(WAIT) == "warm"  # one worker, now idle
+        wait_until(lambda: len(pool._idle) == 1, "the worker asleep")
+        item = RunRecorder()
+        assert pool._hand_over(item, goes_on=True) is True  # an idle worker took it
+        assert item.ran.wait(WAIT), "the worker woken with goes_on=True never ran the item"
+    finally:
+        pool.shutdown(wait=True)
+
+
+def test_the_gil_keeping_eventfd_write_is_libcs_and_wakes_a_reader() -> None:
+    if not hasattr(os, "eventfd"):
+        pytest.skip("no os.eventfd here")
+    write = _wake._write_keeping_gil()
+    # os.eventfd_write gives the GIL up; the fallback is only for a libc without eventfd_write.
+    assert write is not os.eventfd_write
+    fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+    try:
+        write(fd, 1)
+        write(fd, 2)
+        assert os.eventfd_read(fd) == 3
+    finally:
+        os.close(fd)
 
 
 def test_an_item_queued_behind_a_worker_that_has_not_woken_yet_waits_for_no_body() -> None:

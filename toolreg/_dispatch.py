@@ -224,10 +224,12 @@ class Dispatcher:
 
     # -- handing bodies over ---------------------------------------------------------------------
 
-    def hand_over(self, item: Any, may_block: bool = True) -> None:
-        """Run `item._run()` on a worker (batch runners, awaited calls); `_drop()` if never."""
+    def hand_over(self, item: Any, may_block: bool = True, goes_on: bool = False) -> None:
+        """Run `item._run()` on a worker (batch runners, awaited calls); `_drop()` if never.
+
+        `goes_on`: the caller has more to do before it waits (`WorkerPool._hand_over`)."""
         if self._pool is not None:
-            self._pool._hand_over(item, may_block=may_block)
+            self._pool._hand_over(item, may_block=may_block, goes_on=goes_on)
             return
         self._submit_foreign(item)
 

@@ -129,17 +129,18 @@ class WorkerPool(Executor):
 
     # -- handing work over -------------------------------------------------------------------
 
-    def _hand_over(self, item: WorkItem, *, may_block: bool = True) -> bool:
+    def _hand_over(self, item: WorkItem, *, may_block: bool = True, goes_on: bool = False) -> bool:
         """Give `item` to a worker; True if one took it at once, False if it waits its turn.
 
         `may_block=False` (an event loop thread): a new thread, if one is needed, is started
         by toolreg's helper thread, because `Thread.start()` blocks until the thread runs.
+        `goes_on`: the caller has more to do before it waits (see `EventWake.release_deferred`).
         Raises `RuntimeError` after `shutdown()`.
         """
         try:
             worker, wake = self._place(item)
             if wake is not None and wake.deferred:
-                wake.release_deferred()  # after the pool's lock: see `_wake`
+                wake.release_deferred(goes_on)  # after the pool's lock: see `_wake`
         except RuntimeError:  # shut down: nothing was taken out of the idle list
             raise
         except BaseException:  # a signal handler's exception may have cut the wake-up off
