@@ -1648,6 +1648,39 @@ def test_a_call_queued_behind_a_blocking_body_does_not_wait_for_it(order: str) -
     assert [result.value for result in results] == ["first", "second"]
 
 
+@pytest.mark.parametrize("shape", ["one call alone", "eight calls gathered"])
+def test_the_outbox_wakes_its_runner_keeping_the_gil_only_while_the_loop_has_more_to_run(
+    shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner handed over while other callbacks are ready on the loop (the rest of a
+    `gather`) is woken without being given the CPU, so those calls queue behind it instead of
+    each waiting for the loop to get the GIL back; a loop about to wait hands over the usual
+    way (the worker then runs at once). The calls run either way."""
+    handed: list[tuple[str, bool]] = []  # (work item's class, goes_on), in hand-off order
+    original = WorkerPool._hand_over
+
+    def spy(pool: WorkerPool, item: Any, *, may_block: bool = True, goes_on: bool = False) -> bool:
+        handed.append((type(item).__name__, goes_on))
+        return original(pool, item, may_block=may_block, goes_on=goes_on)
+
+    monkeypatch.setattr(WorkerPool, "_hand_over", spy)
+    count = 1 if shape == "one call alone" else 8
+    with open_registry(max_workers=4) as registry:
+        registry.tool(name="t")(lambda args, ctx: "ok")
+
+        async def main() -> list[ToolResult[Any]]:
+            areg = AsyncToolRegistry(registry)
+            return await asyncio.wait_for(
+                asyncio.gather(*(areg.execute("t") for _ in range(count))), WAIT
+            )
+
+        results = asyncio.run(main())
+    assert [result.value for result in results] == ["ok"] * count
+    # The loop's first hand-off is the outbox's runner; others come from workers (standbys).
+    assert handed[0] == ("_Runner", count > 1)
+    assert all(not goes_on for _, goes_on in handed[1:])
+
+
 def test_a_worker_pool_passed_in_and_shut_down_refuses_every_call_queued_for_it() -> None:
     """docs/contract.md 8.8: "an executor that refuses the call (shut down by its owner)
     ExecutorRefusedError", for every call queued together, and close() does not hang."""
@@ -1803,13 +1836,13 @@ def test_an_interrupt_landing_while_a_runner_is_handed_over_leaves_the_facade_wo
         hand_over = dispatcher.hand_over
         landed: list[Any] = []
 
-        def interrupted_hand_over(item: Any, may_block: bool = True) -> None:
+        def interrupted_hand_over(item: Any, may_block: bool = True, goes_on: bool = False) -> None:
             if landed:
-                hand_over(item, may_block)
+                hand_over(item, may_block, goes_on)
                 return
             landed.append(item)
             if when == "after-the-hand-over":
-                hand_over(item, may_block)
+                hand_over(item, may_block, goes_on)
             raise KeyboardInterrupt
 
         dispatcher.hand_over = interrupted_hand_over  # type: ignore[method-assign]

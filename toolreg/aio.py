@@ -495,14 +495,17 @@ class _Outbox:
                 runner = self._standby = _Runner(self)
             finally:
                 lock.release()
-            self._hand_over(runner)
+            self._hand_over(runner, _busy(job.loop))
         except BaseException:  # a signal handler's exception, wherever it landed in here
             self._after_interrupt(runner)
             raise
 
-    def _hand_over(self, runner: _Runner) -> None:
+    def _hand_over(self, runner: _Runner, goes_on: bool = False) -> None:
+        """`goes_on`: the loop has other callbacks to run first (`_busy`): the worker is woken
+        without being given the CPU, so the calls those callbacks queue join this runner's
+        queue instead of each waiting for the loop to get the GIL back."""
         try:
-            self._dispatcher.hand_over(runner, may_block=False)
+            self._dispatcher.hand_over(runner, may_block=False, goes_on=goes_on)
         except RuntimeError as exc:  # the pool was shut down: nothing will run what is queued
             for queued in self._lost(runner):
                 queued.refuse(exc)
@@ -594,6 +597,12 @@ class _Outbox:
         self._jobs = deque()
         self._standby = None
         self._looking = 0
+
+
+def _busy(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether `loop` has callbacks ready to run after the current one (asyncio's own loops
+    keep them in `_ready`; a loop without one is taken as idle)."""
+    return bool(getattr(loop, "_ready", None))
 
 
 class _Runner:
