@@ -314,6 +314,76 @@ def test_parallel_calls_overlap_up_to_max_parallel_and_never_beyond(max_parallel
     assert max_in_flight(trace) == max_parallel
 
 
+def test_a_segment_whose_calls_never_block_hands_over_one_runner_and_one_spare() -> None:
+    # One worker: the first runner takes every call (none blocks, and no other worker could take
+    # one); the spare it handed over on its first call runs after it, finds nothing and takes
+    # back the rest of the chain unstarted. Handing over all eight runners up front wakes eight.
+    pool = CountingPool(1)
+    try:
+        with open_registry(executor=pool) as registry:
+            registry.tool(name="quick", concurrency_safe=True)(lambda args, ctx: args["i"])
+            results = registry.execute_batch(batch_of(["quick"] * 20), max_parallel=8)
+    finally:
+        pool.shutdown(wait=True)
+    assert [result.value for result in results] == list(range(20))
+    assert pool.submitted == 2
+
+
+class RefusingPool(CountingPool):
+    """A one-worker pool that refuses every submission after the first (as if shut down)."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.attempts = 0  # guarded by _count_lock
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        with self._count_lock:
+            self.attempts += 1
+            refused = self.attempts > 1
+        if refused:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_a_runner_whose_spare_is_refused_runs_the_rest_of_the_segment_alone() -> None:
+    pool = RefusingPool(1)
+    try:
+        with open_registry(executor=pool) as registry:
+            registry.tool(name="quick", concurrency_safe=True)(lambda args, ctx: args["i"])
+            results = registry.execute_batch(batch_of(["quick"] * 5), max_parallel=8)
+    finally:
+        pool.shutdown(wait=True)
+    assert [(result.code, result.value) for result in results] == [(None, i) for i in range(5)]
+    assert (pool.attempts, pool.submitted) == (2, 1)  # the spare was offered, and refused
+
+
+def test_a_batch_whose_first_runner_the_executor_drops_returns_every_call_unstarted() -> None:
+    # The one worker is busy, so the first runner waits in the queue with the rest of the chain
+    # behind it; shutdown(cancel_futures=True) drops it, and those it would have passed on with it.
+    executor = CountingPool(1)
+    occupied, free = threading.Event(), threading.Event()
+
+    def occupy() -> bool:
+        occupied.set()
+        return free.wait(WAIT)
+
+    executor.submit(occupy)
+    assert occupied.wait(WAIT)
+    ran = Journal()
+    try:
+        with open_registry(executor=executor) as registry:
+            registry.tool(name="quick", concurrency_safe=True)(lambda args, ctx: ran(args["i"]))
+            batch = Caller(lambda: registry.execute_batch(batch_of(["quick"] * 3), max_parallel=8))
+            wait_until(lambda: executor.submitted >= 2, "the batch's first runner to be queued")
+            executor.shutdown(wait=False, cancel_futures=True)
+            results = batch.join()
+    finally:
+        free.set()
+        executor.shutdown(wait=True)
+    assert [result.code for result in results] == [BEFORE] * 3
+    assert ran.entries == []
+
+
 def test_calls_start_in_input_order() -> None:
     # One worker takes queued jobs first-in first-out, so the order the calls start in is the
     # order the batch handed them over in -- for parallel calls too.
@@ -835,9 +905,10 @@ def test_every_uncooperative_call_of_a_cancelled_batch_gets_one_overdue_warning(
 
 
 def test_calls_queued_in_a_saturated_pool_never_start_once_the_batch_is_cancelled() -> None:
-    # One worker, held by a blocker: the batch's jobs sit in the pool's queue. Once the batch is
-    # cancelled, execute_batch returns at once (before the blocker ends), and when the worker
-    # finally reaches those jobs, none of them starts a hook or a body.
+    # One worker, held by a blocker: the batch's first runner sits in the pool's queue (the
+    # others are handed over by a runner that started). Once the batch is cancelled,
+    # execute_batch returns at once (before the blocker ends), and when the worker finally
+    # reaches that job, it starts no hook and no body.
     pool = CountingPool(1)
     blocker = Gate()
     turn = CancelSource()
@@ -854,7 +925,7 @@ def test_calls_queued_in_a_saturated_pool_never_start_once_the_batch_is_cancelle
             blocker.wait_reached()
             calls = batch_of(["work"] * 5)
             batch = Caller(lambda: registry.execute_batch(calls, token=turn.token, max_parallel=8))
-            wait_until(lambda: pool.submitted >= 1 + len(calls), "the batch's jobs to be queued")
+            wait_until(lambda: pool.submitted >= 2, "the batch's first runner to be queued")
             turn.cancel("user pressed stop")
             results = batch.join()  # promptly: the blocker still holds the only worker
             assert not blocker.released.is_set()

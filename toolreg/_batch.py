@@ -10,11 +10,16 @@ checked (frozen, validated) again when it runs.
 
 Consecutive parallel calls form a segment, run by up to `max_parallel` runners: work items that
 each take the segment's next call (in input order) and run it, until the segment is used up, so
-workers never wait for the scheduler between calls. The scheduler waits for a segment's runners
-before it starts the next segment; an exclusive call is a segment of one, hence a barrier. The
-scheduler is woken once per runner, when it has finished (at most `max_parallel` per segment,
-however many calls the segment holds), once per finished call only when `on_progress` wants to
-hear of each, and once when the batch is cancelled.
+workers never wait for the scheduler between calls. The runners form a chain: the scheduler
+hands over the first, and each runner hands over the next once it has taken a call and more are
+left, before it runs that call. A runner woken this way waits for the GIL, so it takes a call
+only when the running ones block (or outlast the switch interval): calls that never block keep
+one worker busy instead of waking `max_parallel`, and calls that block still overlap up to
+`max_parallel`. A runner that finds nothing left takes the rest of the chain back unstarted.
+The scheduler waits for a segment's runners before it starts the next segment; an exclusive
+call is a segment of one, hence a barrier. The scheduler is woken once per segment, by its last
+runner to finish, once per finished call only when `on_progress` wants to hear of each, and
+once when the batch is cancelled.
 
 Turn cancellation: once the batch token is cancelled no further call starts. Runners stop taking
 calls, a runner still queued is claimed back by the scheduler (the same `Claim` as bodies), and
@@ -142,12 +147,15 @@ class _Segment:
 class _Runner(Claim):
     """One worker's share of a segment: it takes the segment's calls in order and runs them."""
 
-    __slots__ = ("batch", "segment", "state")
+    __slots__ = ("batch", "next", "segment", "state")
 
-    def __init__(self, batch: BatchRun, segment: _Segment) -> None:
+    def __init__(self, batch: BatchRun, segment: _Segment, next: _Runner | None) -> None:
         super().__init__()
         self.batch = batch
         self.segment = segment
+        # The segment's next runner, handed over by this one once it has taken a call and more
+        # are left (None once passed on, and for the last). Only this runner's thread uses it.
+        self.next = next
         # The call this runner runs now (or ran last), for the batch's cancellation listener.
         # Written by the runner before the call's body can start; read from any thread.
         self.state: CallState | None = None
@@ -160,6 +168,8 @@ class _Runner(Claim):
             # (a copy per runner: one Context cannot be entered by two threads at once).
             self.batch.context.copy().run(self._run_calls)
         finally:
+            if self.next is not None:  # the chain ends here: nothing was left to pass on
+                self._pass_on(False)
             self._done()
 
     def _run_calls(self) -> None:
@@ -171,8 +181,30 @@ class _Runner(Claim):
         # cancellation after the read is the pipeline's to handle: the call then starts no
         # body); an index drawn past the end is dropped.
         while not token.cancelled and (index := take()) < end:
+            if self.next is not None:
+                self._pass_on(index + 1 < end)
             batch.run_call(index, self)
         self.state = None  # the last call's state is not kept alive by the batch
+
+    def _pass_on(self, more: bool) -> None:
+        """Start the next runner if calls are left after the one this runner took; else, or if
+        the executor refuses it, take it back with every runner after it (none will start)."""
+        runner = self.next
+        if more and runner is not None:
+            try:
+                # It wakes waiting for the GIL: it takes a call only if this one blocks (or
+                # outlasts the switch interval), so calls that never block wake no one else.
+                self.batch.host.hand_over(runner, goes_on=True)
+            except RuntimeError:  # shut down under us: this runner runs the rest alone
+                pass
+            else:
+                self.next = None
+                return
+        # Kept until now, so that if anything raised above, `_run` still ends the chain.
+        self.next = None
+        while runner is not None:
+            runner.take_back()
+            runner = runner.next
 
     def watch(self, state: CallState) -> None:
         """The dispatcher's watcher hook: `state` is the call this runner is about to run."""
@@ -199,7 +231,11 @@ class _Runner(Claim):
             body._watch_overdue()
 
     def _drop(self) -> None:
-        self.take_back()
+        """The executor discarded this runner: it never starts, nor do the ones it would pass on."""
+        runner: _Runner | None = self
+        while runner is not None:
+            runner.take_back()
+            runner = runner.next
 
     def take_back(self) -> bool:
         """For the scheduler, after cancellation: a runner no worker picked up never starts."""
@@ -209,8 +245,8 @@ class _Runner(Claim):
         return True
 
     def _done(self) -> None:
-        self.segment.runner_done()
-        self.batch.wakeups.put(None)
+        if self.segment.runner_done():
+            self.batch.wakeups.put(None)
 
 
 class BatchRun:
@@ -335,19 +371,28 @@ class BatchRun:
     def _run_segment(self, start: int, end: int) -> None:
         count = 1 if self.inline else min(self.max_parallel, end - start)
         segment = _Segment(start, end, count, self.token)
-        self.runners = [_Runner(self, segment) for _ in range(count)]
+        # Chained: the scheduler hands over the first runner, each runner the next one once it
+        # has taken a call and more are left, so a segment whose calls never block wakes one
+        # worker (a runner that finds nothing to take wakes no one).
+        runner = None
+        runners = []
+        for _ in range(count):
+            runner = _Runner(self, segment, runner)
+            runners.append(runner)
+        runners.reverse()
+        self.runners = runners
         if self.inline:
-            self.runners[0]._run()
+            runners[0]._run()
         else:
-            for runner in self.runners:
-                self._submit(runner)
+            self._submit(runners[0])
         self._drain()
 
     def _submit(self, runner: _Runner) -> None:
         try:
             self.host.hand_over(runner)
-        except RuntimeError:  # the executor was shut down under us: this runner never starts
-            runner.take_back()
+        except RuntimeError:  # the executor was shut down under us: no runner starts
+            for each in self.runners:
+                each.take_back()
             self.source.cancel("the executor refused the batch")
 
     def run_call(self, index: int, runner: _Runner) -> None:
