@@ -999,6 +999,32 @@ def test_close_during_a_batch_cancels_it_and_waits_for_it() -> None:
 # -- Ctrl-C -------------------------------------------------------------------------------------
 
 
+def test_a_batch_on_the_main_thread_swaps_sigint_without_the_signal_modules_wrappers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The deferral goes through `_signal`: `signal.signal` and `signal.getsignal` convert every
+    # number and handler to an enum and back, 6 us of a batch. Its handler is in place while the
+    # calls run, and Python's default one is back afterwards.
+    seen: list[object] = []
+
+    def refuse(*args: Any) -> None:  # pragma: no cover - must not be called
+        raise AssertionError("a batch used the signal module's wrappers")
+
+    with default_sigint(), open_registry() as registry:
+        import _signal  # type: ignore[import-not-found]  # no stub; a builtin module
+
+        registry.tool(name="look")(lambda args, ctx: seen.append(_signal.getsignal(signal.SIGINT)))
+        monkeypatch.setattr(signal, "signal", refuse)
+        monkeypatch.setattr(signal, "getsignal", refuse)
+        results = registry.execute_batch(batch_of(["look"]))
+        monkeypatch.undo()
+        after = signal.getsignal(signal.SIGINT)
+    assert threading.current_thread() is threading.main_thread()
+    assert [result.ok for result in results] == [True]
+    assert len(seen) == 1 and seen[0] is not signal.default_int_handler
+    assert after is signal.default_int_handler
+
+
 @needs_blocking_probe
 def test_ctrl_c_while_the_batch_waits_cancels_it_drains_it_then_re_raises() -> None:
     caller_source = CancelSource()
