@@ -771,6 +771,32 @@ def test_a_pre_cancelled_batch_starts_nothing_and_every_call_is_observed() -> No
     trace.seen_once(results)
 
 
+def test_a_running_batch_listens_on_the_callers_token_and_links_nothing_into_it() -> None:
+    # White-box: the batch's own token stays lazy (making it eager would link it into the
+    # caller's token and unlink it again, 1.7 us a batch); its one listener is on the caller's
+    # token, and the caller's cancellation still reaches the running call through it.
+    turn = CancelSource()
+    seen: list[tuple[int, bool]] = []
+    inside = threading.Event()
+
+    with open_registry() as registry:
+
+        @registry.tool(concurrency_safe=True)
+        def look(args: Any, ctx: Any) -> Any:
+            token = turn.token
+            seen.append((len(token._listeners or ()), bool(token._children)))
+            inside.set()
+            return ctx.token.wait(WAIT)  # True once the caller's token is cancelled
+
+        batch = Caller(lambda: registry.execute_batch(batch_of(["look"]), token=turn.token))
+        assert inside.wait(WAIT)
+        turn.cancel("stop")
+        results = batch.join()
+    assert seen == [(1, False)]
+    assert [result.code for result in results] == [ABORTED]
+    assert holds_nothing(turn.token)
+
+
 def test_cancelling_mid_batch_skips_unstarted_calls_and_drains_started_ones() -> None:
     # c0..c3 run together (max_parallel=4) and wait, cooperatively, for the turn to be cancelled;
     # c4 (exclusive) and c5 are never handed over: they must not reach any hook.
