@@ -10,6 +10,9 @@ returns a constant, so the figure is pure overhead: a real tool's own work dwarf
   18, both regimes) <= 1.10x.
 * execute_batch, no token: the same without the caller token.
 * execute x100, one by one: the calls made sequentially with `registry.execute`, for scale.
+* A batch of one call against one `submit(...).result()` (and one `execute`): what a batch
+  costs besides its calls (its scheduler, its token, its runner), which an agent step of one or
+  two calls mostly pays. No target: reported so that it stays measured.
 
 The figure is the median time per batch (and per call); ratios are medians of per-round
 ratios (`_harness.interleaved`), on pools that stay warm for the whole run, every worker
@@ -44,6 +47,7 @@ MAX_PARALLEL = 8
 CALLS = 100  # per batch
 TARGET = Target(1.10)  # execute_batch / the bare pool, in every regime
 ARGUMENTS: dict[str, Any] = {"q": "quiescent cancellation", "limit": 10}
+SINGLES_PER_BATCH = 20  # one-call batches per timed run, per batch of CALLS in the others
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,23 @@ class Bench:
         for _ in range(n):
             registry.execute_batch(calls, token=caller, max_parallel=MAX_PARALLEL)
 
+    def pool_single(self, n: int) -> None:
+        pool, arguments = self.pool, self.calls[0].arguments
+        for _ in range(n):
+            pool.submit(search, arguments, None).result()
+
+    def registry_single(self, n: int) -> None:
+        registry, one = self.registry, self.calls[:1]
+        caller = self.caller.token
+        for _ in range(n):
+            registry.execute_batch(one, token=caller, max_parallel=MAX_PARALLEL)
+
+    def execute_single(self, n: int) -> None:
+        registry, call = self.registry, self.calls[0]
+        caller = self.caller.token
+        for _ in range(n):
+            registry.execute(call, token=caller)
+
     def one_by_one(self, n: int) -> None:
         registry, calls = self.registry, self.calls
         caller = self.caller.token
@@ -110,14 +131,18 @@ def measure(quick: bool) -> Rounds:
     bench = Bench()
     try:
 
-        def per_batch(fn: Callable[[int], None]) -> Callable[[], float]:
-            return lambda: timed_once(fn, n) / n
+        def per_batch(fn: Callable[[int], None], count: int = n) -> Callable[[], float]:
+            return lambda: timed_once(fn, count) / count
 
+        singles = n * SINGLES_PER_BATCH
         variants: dict[str, Callable[[], float]] = {
             "pool": per_batch(bench.pool_batches),
             "batch": per_batch(bench.registry_batches),
             "batch, no token": per_batch(partial(bench.registry_batches, token=False)),
             "one by one": per_batch(bench.one_by_one),
+            "pool, 1 call": per_batch(bench.pool_single, singles),
+            "batch, 1 call": per_batch(bench.registry_single, singles),
+            "execute, 1 call": per_batch(bench.execute_single, singles),
         }
         return interleaved(variants, sizes.repeats)
     finally:
@@ -153,6 +178,21 @@ def run(quick: bool) -> list[Row]:
             f"execute x{CALLS}, one by one",
             figure(m["one by one"]),
             f"{m.ratio('one by one', 'pool'):.2f}x",
+        ),
+        Row(
+            f"ThreadPoolExecutor({WORKERS}): submit 1 + join (baseline of the next two)",
+            format_time(m["pool, 1 call"]),
+            "1.00x",
+        ),
+        Row(
+            "execute_batch, 1 call",
+            format_time(m["batch, 1 call"]),
+            f"{m.ratio('batch, 1 call', 'pool, 1 call'):.2f}x",
+        ),
+        Row(
+            "execute, 1 call",
+            format_time(m["execute, 1 call"]),
+            f"{m.ratio('execute, 1 call', 'pool, 1 call'):.2f}x",
         ),
     ]
 
