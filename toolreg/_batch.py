@@ -317,7 +317,9 @@ class BatchRun:
         key = self.host.admit(self, self.host.inside(self.thread))
         try:
             # On the caller's token: a listener on the batch's own would make it eager (linked
-            # into the caller's and unlinked again), 1.7 us of a batch.
+            # into the caller's and unlinked again). Measured 12-07: a batch of one call 29.6 ->
+            # 26 us; the lazy token's reads cost its calls 54 instructions each, a batch of 100
+            # 1.29-1.30x -> 1.30-1.31x a bare pool (within noise).
             wake = self.caller.on_cancel(self._on_cancel)
             try:
                 try:
