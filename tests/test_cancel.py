@@ -1256,6 +1256,46 @@ def test_a_lazy_read_weighs_an_ancestors_cancel_against_its_own_due_time(
         assert own.timed_out
 
 
+@pytest.mark.parametrize("listened", [False, True])
+def test_cancel_after_a_parent_cancelled_keeps_the_parents_reason_lazy_or_eager(
+    listened: bool,
+) -> None:
+    # A lazy child reads as cancelled by its parent from the parent's cancel() on: cancelling it
+    # afterwards changes nothing and says so (False), as for an eager (listened-to) child.
+    parent = CancelSource()
+    child = CancelSource(parent.token)
+    if listened:
+        child.token.on_cancel(lambda: None)
+    parent.cancel("by the parent")
+    between = time.monotonic()
+    assert child.cancel("by the child") is False
+    assert child.token.reason == "by the parent"
+    assert child.token._cancelled_at <= between  # the parent's moment, not the child's cancel
+
+
+@pytest.mark.parametrize("listened", [False, True])
+def test_cancel_after_a_due_time_passed_keeps_the_timeout_lazy_or_eager(
+    clock: ManualClock, listened: bool
+) -> None:
+    budget = deadline(None, 2.0, code="TOOL_TIMEOUT")
+    if listened:
+        budget.token.on_cancel(lambda: None)
+    clock.advance(3.0)  # fires a listened-to deadline's timer; a lazy one is only due
+    assert budget.cancel("by hand") is False
+    assert timeout_of(budget.token) == TimeoutReason("TOOL_TIMEOUT", 2.0)
+    assert budget.timed_out
+
+
+def test_a_calls_token_cancelled_after_its_callers_keeps_the_callers_reason() -> None:
+    # close() and interrupts cancel a call's token directly; a caller that cancelled first
+    # stays the cause, lazy links or not.
+    caller = CancelSource()
+    token = _cancel.child_token(caller.token)
+    caller.cancel("user pressed stop")
+    assert _cancel.cancel_token(token, "registry closed") is False
+    assert token.reason == "user pressed stop"
+
+
 def test_timeout_of_tokens_and_reasons() -> None:
     reason = TimeoutReason("TOOL_TIMEOUT", 2.5)
     assert timeout_of(reason) is reason

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ._cancel import _NEVER, CancelToken, _cancel, _new_token, child_token
+from ._cancel import _NEVER, CancelToken, _new_token, cancel_token, child_token
 from ._logger import DEBUG
 from ._logger import logger as _logger
 from ._record import record
@@ -216,7 +216,7 @@ class CallState:
 
         Safe from any thread; used by `close()`, by an interrupt, and by the asyncio facade.
         """
-        _cancel(self.token, reason)
+        cancel_token(self.token, reason)
         body = self.body
         if body is not None:
             body._cancelled()
@@ -229,7 +229,7 @@ class CallState:
         """
         if self.interrupted is None:
             self.interrupted = exc
-        _cancel(self.token, type(exc).__name__)
+        cancel_token(self.token, type(exc).__name__)
 
     def mark_body(self, body: ToolContext) -> None:
         """After a join: the body's moments, for the timeline."""

@@ -788,7 +788,7 @@ class CancelSource:
         cancelled; one that raises is logged and does not make `cancel()` raise, except for a
         `KeyboardInterrupt` or `SystemExit`, re-raised once the other callbacks ran.
         """
-        return _cancel(self._token, reason)
+        return cancel_token(self._token, reason)
 
     def close(self) -> None:
         """Detach from the parents and stop the timer, without cancelling. Idempotent."""
@@ -843,10 +843,23 @@ def _new_source_token(
     return token
 
 
+def cancel_token(token: CancelToken, reason: object) -> bool:
+    """`CancelSource.cancel` for any token (a source's, or a call's from `child_token`).
+
+    A lazy token that a parent's cancellation or a due time has cancelled already is resolved
+    first, so that cause stays the first, with its moment and reason, and this returns False:
+    what an eager token (whose parent pushed the cancellation down) would have done.
+    """
+    lazy = token._pending is not None or token._due is not None
+    if lazy and not token._cancelled and _resolve(token):
+        return False
+    return _cancel(token, reason)
+
+
 def child_token(parent: CancelToken) -> CancelToken:
     """A lazy child of `parent` without a source (the registry's own, checked tokens).
 
-    Cancel it with `_cancel(token, reason)`; like a source's token it follows `parent`.
+    Cancel it with `cancel_token(token, reason)`; like a source's token it follows `parent`.
     """
     token = _new_token()
     if parent is not _NEVER:
