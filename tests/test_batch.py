@@ -319,14 +319,19 @@ def test_a_segment_whose_calls_never_block_hands_over_one_runner_and_one_spare()
     # one); the spare it handed over on its first call runs after it, finds nothing and takes
     # back the rest of the chain unstarted. Handing over all eight runners up front wakes eight.
     pool = CountingPool(1)
+    results = quick_batch_on(pool, 20)
+    assert [result.value for result in results] == list(range(20))
+    assert pool.submitted == 2
+
+
+def quick_batch_on(pool: ThreadPoolExecutor, count: int) -> list[ToolResult[Any]]:
+    """`count` parallel-safe calls that return at once, on a registry using `pool` (then shut)."""
     try:
         with open_registry(executor=pool) as registry:
             registry.tool(name="quick", concurrency_safe=True)(lambda args, ctx: args["i"])
-            results = registry.execute_batch(batch_of(["quick"] * 20), max_parallel=8)
+            return registry.execute_batch(batch_of(["quick"] * count), max_parallel=8)
     finally:
         pool.shutdown(wait=True)
-    assert [result.value for result in results] == list(range(20))
-    assert pool.submitted == 2
 
 
 class RefusingPool(CountingPool):
@@ -347,12 +352,7 @@ class RefusingPool(CountingPool):
 
 def test_a_runner_whose_spare_is_refused_runs_the_rest_of_the_segment_alone() -> None:
     pool = RefusingPool(1)
-    try:
-        with open_registry(executor=pool) as registry:
-            registry.tool(name="quick", concurrency_safe=True)(lambda args, ctx: args["i"])
-            results = registry.execute_batch(batch_of(["quick"] * 5), max_parallel=8)
-    finally:
-        pool.shutdown(wait=True)
+    results = quick_batch_on(pool, 5)
     assert [(result.code, result.value) for result in results] == [(None, i) for i in range(5)]
     assert (pool.attempts, pool.submitted) == (2, 1)  # the spare was offered, and refused
 
