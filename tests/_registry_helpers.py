@@ -17,6 +17,7 @@ import sys
 import threading
 import tracemalloc
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
 from types import FrameType
 from typing import Any
 
@@ -298,6 +299,19 @@ def default_sigint() -> Iterator[None]:
 def holds_nothing(token: Any) -> bool:
     """True if a token keeps no listener and no child link, not even a dead weak one."""
     return not token._listeners and not token._children
+
+
+def occupy(executor: Executor) -> threading.Event:
+    """Hold `executor`'s one worker busy until the returned event is set (work queues behind)."""
+    busy, release = threading.Event(), threading.Event()
+
+    def hold() -> bool:
+        busy.set()
+        return release.wait(WAIT)
+
+    executor.submit(hold)
+    assert busy.wait(WAIT)
+    return release
 
 
 def open_fds() -> int:

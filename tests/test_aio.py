@@ -45,6 +45,7 @@ from _registry_helpers import (
     Journal,
     gc_paused,
     holds_nothing,
+    occupy,
     open_registry,
     wait_until,
 )
@@ -1424,14 +1425,7 @@ def occupy_schedulers(areg: AsyncToolRegistry) -> threading.Event:
     """White-box: the facade's batch schedulers are one busy thread, so an awaited batch waits
     in their queue until the returned event is set."""
     schedulers = WorkerPool(1, "test-schedulers")
-    busy, release = threading.Event(), threading.Event()
-
-    def occupy() -> bool:
-        busy.set()
-        return release.wait(WAIT)
-
-    schedulers.submit(occupy)
-    assert busy.wait(WAIT)
+    release = occupy(schedulers)
     areg._schedulers = schedulers
     return release
 

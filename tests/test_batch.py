@@ -43,6 +43,7 @@ from _registry_helpers import (
     default_sigint,
     frame_of,
     holds_nothing,
+    occupy,
     open_registry,
     wait_until,
 )
@@ -361,14 +362,7 @@ def test_a_batch_whose_first_runner_the_executor_drops_returns_every_call_unstar
     # The one worker is busy, so the first runner waits in the queue with the rest of the chain
     # behind it; shutdown(cancel_futures=True) drops it, and those it would have passed on with it.
     executor = CountingPool(1)
-    occupied, free = threading.Event(), threading.Event()
-
-    def occupy() -> bool:
-        occupied.set()
-        return free.wait(WAIT)
-
-    executor.submit(occupy)
-    assert occupied.wait(WAIT)
+    free = occupy(executor)
     ran = Journal()
     try:
         with open_registry(executor=executor) as registry:

@@ -41,6 +41,7 @@ from _registry_helpers import (
     Journal,
     Observed,
     fired_by_timer,
+    occupy,
     open_registry,
     wait_until,
     wait_until_main_thread_blocks,
@@ -435,14 +436,7 @@ def test_an_exception_from_a_signal_handler_cancels_joins_observes_once_then_pro
 @pytest.mark.parametrize("facade", ["sync", "asyncio"])
 def test_a_body_the_executor_drops_ends_the_call_at_once(facade: str) -> None:
     executor = ThreadPoolExecutor(max_workers=1)
-    occupied, free = threading.Event(), threading.Event()
-
-    def occupy() -> bool:
-        occupied.set()
-        return free.wait(WAIT)
-
-    executor.submit(occupy)  # its only worker is busy
-    assert occupied.wait(WAIT)
+    free = occupy(executor)  # its only worker is busy
     registry = ToolRegistry(executor=executor)
     ran = Journal()
     registry.register(Tool("t", lambda args, ctx: ran("body ran")))
