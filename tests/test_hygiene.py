@@ -7,10 +7,12 @@ body settles), B.17 (DEBUG logging) and A.4 (the GC and critical sections).
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import threading
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,6 +31,7 @@ from toolreg import (
     CancelSource,
     ToolContext,
 )
+from toolreg.aio import AsyncToolRegistry
 
 MANY_CALLS = 100_000
 TRACED_CALLS = 20_000
@@ -153,3 +156,56 @@ def test_a_finalizer_removing_a_hook_during_registration_does_not_deadlock(
     monkeypatch.undo()
     assert removed == [True]
     registry.close()
+
+
+def _left_for_the_cyclic_gc(run: Callable[[], object]) -> list[str]:
+    """The toolreg objects that `run()` leaves in reference cycles: the names of their types."""
+    run()  # first-use caches and threads are not what this looks for
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable stays in gc.garbage
+    try:
+        run()
+        gc.collect()
+        return sorted(
+            type(item).__name__
+            for item in gc.garbage
+            if type(item).__module__.startswith("toolreg")
+        )
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
+def _flushed(registry: toolreg.ToolRegistry, run: Callable[[], object]) -> Callable[[], None]:
+    """`run()`, then a call on the registry's one worker: whatever ran there before has let go
+    of everything (a batch runner's frame drops its references once it returns)."""
+
+    def both() -> None:
+        run()
+        assert registry.execute("work").ok
+
+    return both
+
+
+@pytest.mark.parametrize("where", ["execute", "batch", "batch in a body", "awaited"])
+def test_a_finished_call_or_batch_leaves_nothing_for_the_cyclic_gc(where: str) -> None:
+    """Freed by reference counting alone once the caller lets go: a batch made a cycle with
+    its runners (and with its Ctrl-C request on the main thread), so each batch's results and
+    calls waited for a collection, and a benchmark with the cyclic GC off reused no memory."""
+    calls = [toolreg.ToolCall("work", call_id=f"c{index}") for index in range(3)]
+    with open_registry(max_workers=1) as registry:
+        counting_tool(registry)
+
+        @registry.tool
+        def batch(args: Args, ctx: ToolContext) -> int:
+            return len(registry.execute_batch(calls, max_parallel=1))
+
+        runs: dict[str, Callable[[], object]] = {
+            "execute": lambda: registry.execute("work"),
+            "batch": lambda: registry.execute_batch(calls, max_parallel=1),
+            "batch in a body": lambda: registry.execute("batch"),
+            "awaited": lambda: asyncio.run(AsyncToolRegistry(registry).execute("work")),
+        }
+        assert _left_for_the_cyclic_gc(_flushed(registry, runs[where])) == []

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import itertools
 import queue
 import threading
@@ -288,15 +289,14 @@ class BatchRun:
         self.interrupted: BaseException | None = None
         self.ctrl_c = ctrl_c  # a deferred Ctrl-C press: cancel, drain, and let the caller raise
         if ctrl_c is not None:
-            ctrl_c.wake = self.wake  # SimpleQueue.put is reentrant: safe in a signal handler
+            # SimpleQueue.put is reentrant: safe in a signal handler. Not a method of the batch,
+            # which keeps the request: see `run`'s `finally` on reference cycles.
+            ctrl_c.wake = functools.partial(self.wakeups.put, None)
 
     def cancel(self, reason: object) -> None:
         """Cancel the batch (also its in-flight table entry's cancel): no further call starts."""
         if self.source.cancel(reason):
             self._on_cancel()
-
-    def wake(self) -> None:
-        self.wakeups.put(None)
 
     def _on_cancel(self) -> None:
         """The batch token was cancelled (by the caller's, or by `cancel`): wake the scheduler,
@@ -340,6 +340,11 @@ class BatchRun:
         finally:
             self.source.close()
             self.host.untrack(key)
+            # The runners refer to the batch: dropped, a finished batch (and the results and
+            # calls it holds) is freed as soon as the caller lets go of it, not by a later
+            # cyclic collection. Measured 12-07: a batch of 100 in a cycle cost its next batch
+            # about 10% (memory not reused while warm), with the cyclic GC off as in a benchmark.
+            self.runners = []
         if self.interrupted is not None:
             raise self.interrupted
         return [result for result in self.results if result is not None]
