@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 from . import _validate
 from ._body import owned_call
 from ._call import CallMode, Stage
-from ._cancel import CancelToken, Registration
+from ._cancel import CancelToken, Registration, caller_token
 from ._catalog import Catalog, SchemaStyle, ToolTable
 from ._hooks import (
     Approver,
@@ -347,7 +347,7 @@ class ToolRegistry:
         elif type(token) is CancelToken:
             caller = token
         else:
-            caller = _validate.caller_token(token)
+            caller = caller_token(token)
         mode = _DIRECT if start_if_cancelled else _DIRECT_MODEL
         sink = None if progress is None else progress_sink(progress)
         # Positional (no admitted entry, no watcher): a keyword call costs more on this hot path.
@@ -378,7 +378,7 @@ class ToolRegistry:
         `max_parallel < 1`.
         """
         run = _run_batch or _load_batch()
-        caller = _validate.caller_token(token)
+        caller = caller_token(token)
         return run(self._dispatcher, calls, caller, max_parallel, on_progress)
 
     def in_flight(self) -> list[InFlightCall]:

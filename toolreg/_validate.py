@@ -11,8 +11,6 @@
   `float`. The message shows a huge int by its size, never by its digits.
 * `token(value, what)`: a `CancelToken`; `TypeError` otherwise, with a hint when a
   `CancelSource` was passed instead of its token.
-* `caller_token(value)`: a call's ``token=`` argument: None means never cancelled, anything
-  else must be a `CancelToken` (the sync registry and the asyncio facade check it the same way).
 * `wait_timeout(value)`: a wait's ``timeout=`` (``wait_idle``): None, or seconds >= 0, where
   a wait longer than about 31 years means forever (None).
 """
@@ -24,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._cancel import CancelToken
 
-__all__ = ["INFINITY", "caller_token", "real", "seconds", "token", "wait_timeout"]
+__all__ = ["INFINITY", "real", "seconds", "token", "wait_timeout"]
 
 # Finite means `-INFINITY < x < INFINITY` for a float (NaN compares false): `math.isfinite`
 # without loading `math`, an extension module, at `import toolreg`.
@@ -66,16 +64,6 @@ def token(value: object, what: str) -> CancelToken:
     hint = " (pass source.token)" if isinstance(value, CancelSource) else ""
     raise TypeError(f"{what} must be a CancelToken, got {type(value).__name__}{hint}")
 
-
-def caller_token(value: object) -> CancelToken:
-    """A call's caller token: None means never cancelled; anything else must be a token."""
-    from ._cancel import CancelToken
-
-    if value is None:
-        return CancelToken.never()
-    if type(value) is CancelToken:
-        return value
-    return token(value, "token")
 
 
 def wait_timeout(value: object) -> float | None:

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._batch import BatchHost, Progress, check_batch, execute_batch
 from ._body import owned_call
 from ._call import CallMode, CallState
-from ._cancel import CancelSource, CancelToken
+from ._cancel import CancelSource, CancelToken, caller_token
 from ._claim import Claim
 from ._dispatch import dispatcher_of
 from ._errors import ExecutorRefusedError, InsideCallError, RegistryClosedError
@@ -56,7 +56,7 @@ from ._helper import HELPER
 from ._pool import WorkerPool
 from ._progress import ProgressSink, ToolProgress
 from ._results import ToolCall, ToolResult
-from ._validate import caller_token, wait_timeout
+from ._validate import wait_timeout
 
 if TYPE_CHECKING:
     from typing_extensions import Self
