@@ -65,7 +65,6 @@ def token(value: object, what: str) -> CancelToken:
     raise TypeError(f"{what} must be a CancelToken, got {type(value).__name__}{hint}")
 
 
-
 def wait_timeout(value: object) -> float | None:
     """A wait's `timeout`: None, or seconds >= 0 (capped at the platform's longest wait)."""
     if value is None:
