@@ -53,6 +53,7 @@ from toolreg import (
     Allow,
     Ask,
     CancelSource,
+    CancelToken,
     ErrorCode,
     RegistryClosedError,
     ToolCall,
@@ -594,6 +595,25 @@ def test_bad_items_raise_before_anything_starts(
         with pytest.raises(error):
             registry.execute_batch(make_batch())
     assert trace.hooked == [] and trace.observed == {} and trace.started == set()
+
+
+@pytest.mark.parametrize(
+    ("token", "match"),
+    [(CancelSource(), "pass source.token"), ("soon", "must be a CancelToken")],
+    ids=["a-source", "a-str"],
+)
+def test_a_token_that_is_not_a_cancel_token_is_refused_before_anything_starts(
+    token: Any, match: str
+) -> None:
+    """As in execute(): the same TypeError, and the same hint for a source passed instead."""
+    with open_registry(max_workers=2) as registry:
+        trace = traced(registry)
+        registry.tool(name="t")(lambda args, ctx: trace.body_started(ctx.call.call_id))
+        with pytest.raises(TypeError, match=match):
+            registry.execute_batch([ToolCall("t")], token=token)
+        assert trace.hooked == [] and trace.observed == {} and trace.started == set()
+        # Any CancelToken is one, the shared never-cancelled token included.
+        assert registry.execute_batch([ToolCall("t")], token=CancelToken.never())[0].ok
 
 
 @pytest.mark.parametrize(
