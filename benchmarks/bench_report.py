@@ -124,7 +124,14 @@ def run(quick: bool) -> list[Row]:
     try:
         import plotly  # noqa: F401
     except ImportError:
-        return [Row("report: skipped, plotly is missing", "-", "", "pip install 'toolreg[report]'")]
+        return [
+            Row(
+                "report: skipped, plotly is missing",
+                "-",
+                "",
+                "pip install 'toolreg-quiescent[report]'",
+            )
+        ]
     m = measure(quick)
     calls = int(m["calls"])
     factor = m["report"] / m["read"]

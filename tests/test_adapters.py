@@ -74,7 +74,7 @@ def test_an_adapter_without_its_extra_names_the_extra_to_install(
         """
     )
     assert done.returncode == 0, done.stderr
-    assert f"pip install 'toolreg[{extra}]'" in done.stdout
+    assert f"pip install 'toolreg-quiescent[{extra}]'" in done.stdout
 
 
 def test_selection_is_every_tool_sorted_by_name_with_the_advertised_schema() -> None:

@@ -927,7 +927,8 @@ def call(request_id: int, name: str, **arguments: Any) -> dict[str, Any]:
 def test_stdio_cancel_and_eof_cancel_and_join_the_body_and_never_answer_it() -> None:
     with raw_server() as server:
         info = server.initialize()["serverInfo"]
-        assert info == {"name": "toolreg", "version": importlib.metadata.version("toolreg")}
+        version = importlib.metadata.version("toolreg-quiescent")
+        assert info == {"name": "toolreg", "version": version}
         # notifications/cancelled: the body sees the stated reason; other requests go on.
         server.send(call(1, "held"))
         assert server.expect("BODY STARTED").startswith("mcp:1:")

@@ -593,7 +593,7 @@ def test_a_missing_plotting_library_names_the_extra(
     out = tmp_path / "report.html"
     assert report(str(known_log), "-o", str(out)) == 1
     err = capsys.readouterr().err
-    assert MISSING_EXTRA in err and "pip install 'toolreg[report]'" in err
+    assert MISSING_EXTRA in err and "pip install 'toolreg-quiescent[report]'" in err
     assert not out.exists()
 
 

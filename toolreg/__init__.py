@@ -12,6 +12,9 @@ The public API, re-exported from the private modules that implement it:
 * policies (`_policies`): `TimeoutPolicy`, `RetryPolicy`;
 * the thread pool (`_pool`): `WorkerPool`, loaded when first named (it is a
   `concurrent.futures.Executor`, and `import toolreg` does not load `concurrent.futures`).
+
+`toolreg.__version__` is the installed distribution's version (`toolreg-quiescent` on the
+package index), read from its metadata when first looked up.
 """
 
 import gc as _gc
@@ -117,7 +120,10 @@ __all__ = [
 if _TYPE_CHECKING:
     from ._pool import WorkerPool as WorkerPool
 
-_LAZY = ("WorkerPool",)  # public names whose module loads when the name is first looked up
+    __version__: str
+
+_LAZY = ("WorkerPool", "__version__")  # names whose value is loaded when first looked up
+_DISTRIBUTION = "toolreg-quiescent"  # the name on the package index; "toolreg" is someone else's
 
 
 def _report_public_module(value: object) -> None:
@@ -137,7 +143,20 @@ if not _TYPE_CHECKING:  # hidden from type checkers, so `from toolreg import Typ
             _report_public_module(WorkerPool)
             globals()[name] = WorkerPool  # found directly from now on
             return WorkerPool
+        if name == "__version__":
+            globals()[name] = version = _installed_version()
+            return version
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _installed_version() -> str:
+    # importlib.metadata costs more to import than all of toolreg: only when asked.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(_DISTRIBUTION)
+    except PackageNotFoundError:  # a source tree on sys.path, never installed
+        return "0+unknown"
 
 
 def __dir__() -> list[str]:

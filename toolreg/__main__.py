@@ -13,6 +13,8 @@ import os
 import sys
 from typing import Protocol
 
+import toolreg
+
 from . import _demo, _mcp_cli, _report, _stats
 
 
@@ -32,7 +34,7 @@ _COMMANDS: dict[str, tuple[str, _Command]] = {
         "an HTML page of the calls in result logs: timeline, latencies, the stats table",
         _report,
     ),
-    "mcp": ("serve a registry over the Model Context Protocol (needs toolreg[mcp])", _mcp_cli),
+    "mcp": ("serve a registry over the Model Context Protocol (needs the mcp extra)", _mcp_cli),
 }
 
 
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m toolreg", description="toolreg: tool calls with quiescent cancellation"
     )
+    parser.add_argument("--version", action="version", version=f"toolreg {toolreg.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (summary, module) in _COMMANDS.items():
         doc = (getattr(module, "__doc__", None) or "").splitlines()

@@ -154,7 +154,11 @@ class _Demo:
         self.say(f"\n{len(self.rows)} results written to {self.log_path}")
         self.say(f"per-tool figures: python -m toolreg stats {self.log_path}")
         page = os.path.join(os.path.dirname(self.log_path), "report.html")
-        needs = "" if importlib.util.find_spec("plotly") else "  (pip install 'toolreg[report]')"
+        needs = (
+            ""
+            if importlib.util.find_spec("plotly")
+            else "  (pip install 'toolreg-quiescent[report]')"
+        )
         self.say(f"see what happened: python -m toolreg report {self.log_path} -o {page}{needs}")
         return {
             "log": self.log_path,

@@ -19,7 +19,8 @@ from . import ToolRegistry  # the public class, through the package (it loads wi
 __all__ = ["HELP", "add_arguments", "load_registry", "run"]
 
 HELP = """\
-Serve the tools of a ToolRegistry over the Model Context Protocol (needs toolreg[mcp]).
+Serve the tools of a ToolRegistry over the Model Context Protocol (needs the mcp extra:
+pip install 'toolreg-quiescent[mcp]').
 
 TARGET is module:attribute (module alone means module:registry): a ToolRegistry, or a
 zero-argument callable returning one. stdio by default (for desktop and IDE clients); logs go

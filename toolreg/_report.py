@@ -43,7 +43,8 @@ _SLOWEST_KEPT = 100  # the slowest calls are always drawn, whatever the sample
 _LONGEST_CALL = 1e9  # seconds; a longer duration or offset is not placed in time
 
 MISSING_EXTRA = (
-    "python -m toolreg report needs the plotting library plotly: pip install 'toolreg[report]'"
+    "python -m toolreg report needs the plotting library plotly: "
+    "pip install 'toolreg-quiescent[report]'"
 )
 
 HELP = f"""\
@@ -77,8 +78,8 @@ overdue calls and failures still drawn one by one). Up to --max-bars calls (defa
 distributions and tables always count every call.
 
 Exit status: 0; 1 if a PATH could not be read, no file could be read (nothing is written), the
-output could not be written, or plotly is missing (pip install 'toolreg[report]'); 2 for bad
-arguments."""
+output could not be written, or plotly is missing (pip install 'toolreg-quiescent[report]'); 2 for
+bad arguments."""
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Literal
@@ -53,7 +52,9 @@ try:
     import mcp_types as types
     from mcp.server import Server
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError("toolreg.mcp needs the MCP SDK: pip install 'toolreg[mcp]'") from exc
+    raise ImportError(
+        "toolreg.mcp needs the MCP SDK: pip install 'toolreg-quiescent[mcp]'"
+    ) from exc
 
 from . import ToolRegistry  # the public class, through the package (it loads with it)
 from ._cancel import CancelToken
@@ -169,10 +170,9 @@ def _build(
 
 
 def _own_version() -> str:
-    try:
-        return importlib.metadata.version("toolreg")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout
-        return "0+unknown"
+    import toolreg
+
+    return toolreg.__version__  # the distribution's version, from its metadata
 
 
 def _check_http(host: object, port: object, path: object) -> None:

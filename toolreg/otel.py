@@ -58,7 +58,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib.metadata
 import threading
 import time
 from collections.abc import Callable
@@ -71,8 +70,10 @@ try:
     from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "toolreg.otel needs the OpenTelemetry API: pip install 'toolreg[otel]'"
+        "toolreg.otel needs the OpenTelemetry API: pip install 'toolreg-quiescent[otel]'"
     ) from exc
+
+import toolreg
 
 from . import ToolRegistry  # the public class, through the package (it loads with it)
 from ._cancel import CancelToken, Registration, timeout_of
@@ -394,7 +395,5 @@ def _text(value: object) -> str:
 
 
 def _own_version() -> str | None:
-    try:
-        return importlib.metadata.version("toolreg")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree
-        return None
+    version: str = toolreg.__version__  # from the distribution's metadata, read once
+    return None if version == "0+unknown" else version  # "0+unknown": run from a source tree

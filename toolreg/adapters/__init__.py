@@ -3,10 +3,12 @@
 One module per framework, each behind its own extra, and none of them imported here, so
 `import toolreg.adapters` never imports a framework:
 
-* `toolreg.adapters.langchain` (`pip install 'toolreg[langchain]'`): `as_langchain_tools`,
-  `from_langchain`;
-* `toolreg.adapters.openai_agents` (`pip install 'toolreg[openai-agents]'`): `AgentToolset`;
-* `toolreg.adapters.pydantic_ai` (`pip install 'toolreg[pydantic-ai]'`): `RegistryToolset`.
+* `toolreg.adapters.langchain` (extra `langchain`): `as_langchain_tools`, `from_langchain`;
+* `toolreg.adapters.openai_agents` (extra `openai-agents`): `AgentToolset`;
+* `toolreg.adapters.pydantic_ai` (extra `pydantic-ai`): `RegistryToolset`.
+
+Install one with `pip install 'toolreg-quiescent[langchain]'` (the distribution's name; the
+import name is `toolreg`).
 
 Every adapter runs each call through the registry's pipeline as a model-driven call
 (`start_if_cancelled=False`), so hooks, approval, policies, observers and the result log see

@@ -43,7 +43,8 @@ try:
     from pydantic import PrivateAttr
 except ImportError as exc:  # the extra is not installed
     raise ImportError(
-        "toolreg.adapters.langchain needs langchain-core: pip install 'toolreg[langchain]'"
+        "toolreg.adapters.langchain needs langchain-core: "
+        "pip install 'toolreg-quiescent[langchain]'"
     ) from exc
 
 from .. import (

@@ -39,7 +39,8 @@ try:
     from agents.tool_context import ToolContext
 except ImportError as exc:  # the extra is not installed
     raise ImportError(
-        "toolreg.adapters.openai_agents needs openai-agents: pip install 'toolreg[openai-agents]'"
+        "toolreg.adapters.openai_agents needs openai-agents: "
+        "pip install 'toolreg-quiescent[openai-agents]'"
     ) from exc
 
 from .. import CancelToken, ToolCall, ToolRegistry

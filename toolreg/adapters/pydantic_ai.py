@@ -33,7 +33,8 @@ try:
     from pydantic_core import SchemaValidator, core_schema
 except ImportError as exc:  # the extra is not installed
     raise ImportError(
-        "toolreg.adapters.pydantic_ai needs pydantic-ai-slim: pip install 'toolreg[pydantic-ai]'"
+        "toolreg.adapters.pydantic_ai needs pydantic-ai-slim: "
+        "pip install 'toolreg-quiescent[pydantic-ai]'"
     ) from exc
 
 from .. import CancelToken, ErrorCode, ToolCall, ToolRegistry
