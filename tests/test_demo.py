@@ -12,13 +12,14 @@ import pytest
 EXPECTED = {"ABORTED", "ABORTED_BEFORE_DISPATCH", "DENIED", "TOOL_TIMEOUT", "TOOL_ERROR"}
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "toolreg", *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        cwd=cwd,
     )
 
 
@@ -31,7 +32,7 @@ def test_demo_runs_and_shows_every_outcome(tmp_path: Path) -> None:
     log = tmp_path / "calls.jsonl"
     assert str(log) in done.stdout
     page = tmp_path / "report.html"
-    assert f"python -m toolreg report {log} -o {page}" in done.stdout
+    assert f"-m toolreg report {log} -o {page}" in done.stdout
     stats = run("stats", "--json", str(log))
     assert stats.returncode == 0, stats.stderr
     document = json.loads(stats.stdout)
@@ -70,6 +71,21 @@ def test_the_printed_report_command_writes_the_page(tmp_path: Path) -> None:
     for code in EXPECTED:
         assert code in text
     assert "render_video" in text
+
+
+def test_the_printed_commands_work_pasted_into_a_shell(tmp_path: Path) -> None:
+    # This interpreter, named as the shell can find it: a bare `python` may have no toolreg.
+    cwd = Path(sys.executable).parent.parent.parent  # where `.venv/bin/python` is relative
+    done = run("demo", "--log-dir", str(tmp_path), cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    hint = "per-tool figures: "
+    [stats] = [line[len(hint) :] for line in done.stdout.splitlines() if line.startswith(hint)]
+    assert not stats.startswith("python ")
+    pasted = subprocess.run(
+        stats, shell=True, cwd=cwd, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert pasted.returncode == 0, pasted.stderr
+    assert "render_video" in pasted.stdout
 
 
 def test_help_lists_the_subcommands() -> None:

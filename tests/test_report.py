@@ -405,8 +405,21 @@ def test_a_log_without_calls_still_makes_a_page(plotly: Any, tmp_path: Path) -> 
     page = out.read_text(encoding="utf-8")
     assert 'id="timeline"' not in page
     assert "1 call(s) have no usable time" in page and "<td>search</td>" in page
-    assert report(str(path), "-o", str(out), "--tool", "other") == 0
-    assert "No call matches." in out.read_text(encoding="utf-8")
+    assert "No call matches." not in page  # one call, without a time
+
+
+def test_filters_that_match_nothing_say_so_and_write_nothing(
+    known_log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report.html"
+    assert report(str(known_log), "-o", str(out), "--tool", "nosuch") == 1
+    assert capsys.readouterr().err == (
+        "toolreg report: no call matches --tool nosuch (of 6 read); nothing written\n"
+    )
+    window = ["--tool", "crawl", "--since", "2027-01-01"]
+    assert report(str(known_log), "-o", str(out), *window) == 1
+    assert "no call matches --tool crawl --since 2027-01-01T00:00:00Z" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_non_finite_numbers_in_a_log_are_not_fatal(plotly: Any, tmp_path: Path) -> None:

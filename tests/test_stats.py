@@ -61,7 +61,7 @@ def test_known_log_gives_known_numbers(known_log: Path) -> None:
     assert search == {
         "calls": 20,
         "ok": 16,
-        "failed": 4,
+        "failed": 1,  # the timeout: a cancelled call is no failure
         "codes": {"ABORTED": 2, "ABORTED_BEFORE_DISPATCH": 1, "TOOL_TIMEOUT": 1},
         "aborted_after_dispatch": 2,
         "aborted_before_dispatch": 1,
@@ -76,6 +76,8 @@ def test_known_log_gives_known_numbers(known_log: Path) -> None:
     assert fetch["duration"] == {"p50": 0.25, "p95": 0.5, "max": 0.5}
     total = stats.total()
     assert (total.calls, total.ok, total.aborted_before_dispatch) == (23, 17, 2)
+    parts = (total.ok, total.failed, total.aborted_after_dispatch, total.aborted_before_dispatch)
+    assert parts == (17, 2, 2, 2) and sum(parts) == total.calls
 
 
 def test_bad_lines_are_listed_with_their_place_and_reason(known_log: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Protocol
 import toolreg
 
 from . import _demo, _mcp_cli, _report, _stats
+from ._cli import UsageError
 
 
 class _Command(Protocol):
@@ -39,23 +40,37 @@ _COMMANDS: dict[str, tuple[str, _Command]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse `argv` (default: the command line), run the subcommand, return its exit status."""
+    """Parse `argv` (default: the command line), run the subcommand, return its exit status.
+
+    A bad option or argument is a usage error, as argparse reports one (the usage, one line
+    saying what is wrong, exit status 2): argparse's own raise `SystemExit(2)`, those a
+    command finds later (`UsageError`) return 2.
+    """
     parser = argparse.ArgumentParser(
-        prog="python -m toolreg", description="toolreg: tool calls with quiescent cancellation"
+        prog="python -m toolreg",
+        description="toolreg: tool calls with quiescent cancellation",
+        epilog="Run python -m toolreg COMMAND --help for what a command does, with examples.",
     )
     parser.add_argument("--version", action="version", version=f"toolreg {toolreg.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parsers: dict[str, argparse.ArgumentParser] = {}
     for name, (summary, module) in _COMMANDS.items():
         doc = (getattr(module, "__doc__", None) or "").splitlines()
-        command = commands.add_parser(
+        parsers[name] = command = commands.add_parser(
             name,
             help=summary,
             description=getattr(module, "HELP", doc[0] if doc else None),
+            epilog=getattr(module, "EXAMPLES", None),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(command)
     args = parser.parse_args(argv)
-    return _COMMANDS[args.command][1].run(args)
+    try:
+        return _COMMANDS[args.command][1].run(args)
+    except UsageError as exc:
+        parsers[args.command].print_usage(sys.stderr)
+        print(f"{parsers[args.command].prog}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

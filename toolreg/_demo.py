@@ -13,6 +13,7 @@ import argparse
 import importlib.util
 import json
 import os
+import shlex
 import sys
 import tempfile
 import threading
@@ -32,9 +33,32 @@ from . import (
     ToolRegistry,
     ToolResult,
 )
+from ._cli import UsageError, command
 from .log import ResultLog
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["EXAMPLES", "HELP", "add_arguments", "run"]
+
+HELP = """\
+A live demonstration of the cancellation contract, about a second long. A registry with a few
+tools runs a short script of calls, narrated as they happen:
+
+1. two calls cancelled mid-flight by their caller: a cooperative crawler that stops at once
+   (its deferred context survives), and a renderer that ignores its token, which execute()
+   waits for (drained, not abandoned) before reporting ABORTED;
+2. a tool behind an approver: one call approved, one DENIED;
+3. a TimeoutPolicy deadline (TOOL_TIMEOUT) and a tool that raises (TOOL_ERROR);
+4. a model-driven call whose turn was already cancelled: ABORTED_BEFORE_DISPATCH, no body;
+5. a batch of eight fetches with a progress bar.
+
+Every result goes to a result log (calls.jsonl in --log-dir, default a new temporary
+directory); the demo ends with a table of the results and the commands that summarize the log
+(stats) and draw it (report)."""
+
+EXAMPLES = """\
+examples:
+  python -m toolreg demo
+  python -m toolreg demo --log-dir /tmp/demo     # then: stats and report on /tmp/demo/calls.jsonl
+  python -m toolreg demo --json                  # the story as one JSON document"""
 
 _CRAWL_STEP = 0.05  # seconds per page of the cooperative tool
 _RENDER_TIME = 0.6  # seconds the uncooperative tool works, whatever happens
@@ -53,8 +77,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the demonstration with parsed arguments; the exit status."""
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="toolreg-demo-")
-    os.makedirs(log_dir, exist_ok=True)
-    demo = _Demo(os.path.join(log_dir, "calls.jsonl"), quiet=args.json)
+    log_path = os.path.join(log_dir, "calls.jsonl")
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        with open(log_path, "ab"):  # the log appends: fail here, before any call runs
+            pass
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise UsageError(f"--log-dir {log_dir}: cannot write {log_path} ({why})") from None
+    demo = _Demo(log_path, quiet=args.json)
     report = demo.run()
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=repr)
@@ -152,14 +183,11 @@ class _Demo:
             log.close()
         self.table()
         self.say(f"\n{len(self.rows)} results written to {self.log_path}")
-        self.say(f"per-tool figures: python -m toolreg stats {self.log_path}")
-        page = os.path.join(os.path.dirname(self.log_path), "report.html")
-        needs = (
-            ""
-            if importlib.util.find_spec("plotly")
-            else "  (pip install 'toolreg-quiescent[report]')"
-        )
-        self.say(f"see what happened: python -m toolreg report {self.log_path} -o {page}{needs}")
+        toolreg, path = command(), shlex.quote(self.log_path)
+        self.say(f"per-tool figures: {toolreg} stats {path}")
+        page = shlex.quote(os.path.join(os.path.dirname(self.log_path), "report.html"))
+        needs = "" if importlib.util.find_spec("plotly") else "  (needs the report extra)"
+        self.say(f"see what happened: {toolreg} report {path} -o {page}{needs}")
         return {
             "log": self.log_path,
             "steps": self.steps,

@@ -15,8 +15,9 @@ import sys
 from typing import Any
 
 from . import ToolRegistry  # the public class, through the package (it loads with it)
+from ._cli import UsageError
 
-__all__ = ["HELP", "add_arguments", "load_registry", "run"]
+__all__ = ["EXAMPLES", "HELP", "add_arguments", "load_registry", "run"]
 
 HELP = """\
 Serve the tools of a ToolRegistry over the Model Context Protocol (needs the mcp extra:
@@ -28,9 +29,17 @@ to stderr. EOF on stdin, SIGTERM or SIGINT cancels the calls in flight, waits fo
 then exits 0.
 
 client configuration (stdio):
-  {"mcpServers": {"tools": {"command": "python",
+  {"mcpServers": {"tools": {"command": "/path/to/.venv/bin/python",
                             "args": ["-m", "toolreg", "mcp", "myapp.tools:registry"]}}}
 """
+
+EXAMPLES = """\
+examples:
+  python -m toolreg mcp myapp.tools:registry       # stdio, for desktop and IDE clients
+  python -m toolreg mcp myapp.tools --transport streamable-http --port 8000
+      # serves http://127.0.0.1:8000/mcp"""
+
+_HTTP_DEFAULTS = {"host": "127.0.0.1", "port": 8000, "path": "/mcp"}  # HTTP-only options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,14 +51,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="stdio",
         help="stdio (default) or streamable-http",
     )
-    parser.add_argument(
-        "--host", default="127.0.0.1", help="HTTP: interface to bind (default 127.0.0.1)"
-    )
-    parser.add_argument(
-        "--port", type=int, default=8000, help="HTTP: port (default 8000; 0: any free port)"
-    )
-    parser.add_argument("--path", default="/mcp", help="HTTP: endpoint path (default /mcp)")
+    # The HTTP-only options default to None, so that `run` can tell they were given.
+    parser.add_argument("--host", type=_host, help="HTTP: interface to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=_port, help="HTTP: port (default 8000; 0: any free port)")
+    parser.add_argument("--path", type=_path, help="HTTP: endpoint path (default /mcp)")
     parser.add_argument("--name", default="toolreg", help="server name shown to clients")
+
+
+def _host(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("an interface is a name or an address, not empty")
+    return text
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number 0-65535 (0: any free port): {text!r}")
+    return port
+
+
+def _path(text: str) -> str:
+    if not text.startswith("/"):
+        raise argparse.ArgumentTypeError(f"an endpoint path starts with /, e.g. /mcp: {text!r}")
+    return text
+
+
+def _http_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--host, --port and --path with their defaults; a `UsageError` if given for stdio."""
+    given = [f"--{name}" for name in _HTTP_DEFAULTS if getattr(args, name) is not None]
+    if given and args.transport != "streamable-http":
+        raise UsageError(f"{', '.join(given)}: only with --transport streamable-http")
+    return {
+        name: default if getattr(args, name) is None else getattr(args, name)
+        for name, default in _HTTP_DEFAULTS.items()
+    }
 
 
 def load_registry(target: str) -> tuple[ToolRegistry, bool]:
@@ -84,7 +123,9 @@ def load_registry(target: str) -> tuple[ToolRegistry, bool]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until stopped; 0 after a clean stop, 2 for a bad target or a missing extra."""
+    """Serve until stopped; 0 after a clean stop, 1 if it cannot listen, 2 for a bad target, a
+    misplaced option or a missing extra."""
+    http = _http_options(args)
     try:
         from . import mcp
     except ImportError as exc:
@@ -93,22 +134,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         registry, owned = load_registry(args.target)
     except (ImportError, ValueError) as exc:
-        print(f"python -m toolreg mcp: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(f"TARGET {args.target}: {exc}") from None
     # stderr is the log channel of a stdio server (stdout carries the protocol).
     logging.basicConfig(
         stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s"
     )
     logging.getLogger("toolreg").setLevel(logging.INFO)
     try:
-        mcp.serve(
-            registry,
-            transport=args.transport,
-            host=args.host,
-            port=args.port,
-            path=args.path,
-            name=args.name,
-        )
+        mcp.serve(registry, transport=args.transport, name=args.name, **http)
+    except OSError as exc:  # the address is taken, or not this machine's
+        where = f"{http['host']}:{http['port']}"
+        print(f"python -m toolreg mcp: cannot serve on {where}: {exc}", file=sys.stderr)
+        return 1
     finally:
         if owned:
             registry.close()

@@ -22,6 +22,8 @@ from typing import Any
 from ._stats import LogStats, iter_records, number_or_none, tool_key
 
 __all__ = [
+    "EXAMPLES",
+    "HELP",
     "DEFAULT_MAX_BARS",
     "EACH_CALL_LIMIT",
     "DEFAULT_OVERDUE",
@@ -77,9 +79,15 @@ overdue calls and failures still drawn one by one). Up to --max-bars calls (defa
 {_SLOWEST_KEPT} slowest, then failures and an even sample of the rest, and says so. The
 distributions and tables always count every call.
 
-Exit status: 0; 1 if a PATH could not be read, no file could be read (nothing is written), the
-output could not be written, or plotly is missing (pip install 'toolreg-quiescent[report]'); 2 for
-bad arguments."""
+Exit status: 0; 1 if a PATH could not be read, no file could be read or the filters match no call
+(then nothing is written), the output could not be written, or plotly is missing (pip install
+'toolreg-quiescent[report]'); 2 for bad arguments."""
+
+EXAMPLES = """\
+examples:
+  python -m toolreg report calls.jsonl -o report.html
+  python -m toolreg report calls.jsonl -o slow.html --tool search --since 2026-12-01T05:00Z
+  python -m toolreg report calls.jsonl -o report.html --overdue 1   # overdue: > 1 s after cancel"""
 
 
 @dataclass(frozen=True)
@@ -363,6 +371,13 @@ def run(args: argparse.Namespace) -> int:
     if not data.reading.files:
         print("toolreg report: no log could be read; nothing written", file=sys.stderr)
         return 1
+    filters = _filter_words(args)
+    if filters and not data.table.records:
+        print(
+            f"toolreg report: no call matches {filters} (of {data.read:,} read); nothing written",
+            file=sys.stderr,
+        )
+        return 1
     page = _report_page.render(data, overdue=args.overdue, max_bars=args.max_bars)
     try:
         _write_atomically(args.output, page)
@@ -375,6 +390,21 @@ def run(args: argparse.Namespace) -> int:
         f"record(s) read from {len(reading.files)} file(s), {reading.bad_lines:,} bad line(s)"
     )
     return 1 if reading.unreadable else 0
+
+
+def _filter_words(args: argparse.Namespace) -> str:
+    """The filters given, as the command line gave them ("" for none)."""
+    words = [f"--tool {name}" for name in args.tool]
+    words += [
+        f"--{name} {_iso(getattr(args, name))}"
+        for name in ("since", "until")
+        if getattr(args, name) is not None
+    ]
+    return " ".join(words)
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def _write_atomically(path: str, text: str) -> None:

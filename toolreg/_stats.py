@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 __all__ = [
+    "EXAMPLES",
+    "HELP",
     "LogStats",
     "ToolStats",
     "add_arguments",
@@ -32,8 +34,11 @@ __all__ = [
 ]
 
 HELP = """\
-Per tool: calls, successes, each error code, p50/p95/max duration, and how many calls were
-cancelled after dispatch (ABORTED: a body had started) versus before it (ABORTED_BEFORE_DISPATCH).
+Per tool: calls, successes, failures, cancelled calls, each error code and p50/p95/max duration.
+A call is counted once: ok, failed (an error code other than the two aborts), aborted after
+dispatch (ABORTED: a body had started) or aborted before dispatch (ABORTED_BEFORE_DISPATCH: no
+body ran); the four add up to the calls. A cancellation is the caller's decision, not a fault of
+the tool, so it is never counted as failed.
 
 Each PATH is a result log written by toolreg.log.ResultLog. Its rotated siblings are read too:
 given calls.jsonl, also calls.jsonl.1, calls.jsonl.2.gz, ... (--no-rotated reads only the named
@@ -42,6 +47,11 @@ their content, whatever their name. Durations are seconds from entry to result, 
 percentiles use the nearest-rank method. Lines that are not a result record (bad JSON, a line cut
 short by a crash, a line still being written) are counted and listed, never fatal. Exit status:
 0, or 1 if a PATH could not be read."""
+
+EXAMPLES = """\
+examples:
+  python -m toolreg stats calls.jsonl            # also reads calls.jsonl.1, calls.jsonl.2.gz, ...
+  python -m toolreg stats --json logs/*.jsonl    # one JSON document, for scripts"""
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _SHOWN_BAD_LINES = 10
@@ -66,6 +76,11 @@ class ToolStats:
     def aborted_before_dispatch(self) -> int:
         """Calls cancelled before any body started (`ABORTED_BEFORE_DISPATCH`)."""
         return self.codes["ABORTED_BEFORE_DISPATCH"]
+
+    @property
+    def failed(self) -> int:
+        """Calls that failed for another reason than a cancellation (neither abort code)."""
+        return self.calls - self.ok - self.aborted_after_dispatch - self.aborted_before_dispatch
 
     def add(self, ok: bool, code: str | None, duration: float | None) -> None:
         self.calls += 1
@@ -95,7 +110,7 @@ class ToolStats:
         return {
             "calls": self.calls,
             "ok": self.ok,
-            "failed": self.calls - self.ok,
+            "failed": self.failed,
             "codes": dict(sorted(self.codes.items())),
             "aborted_after_dispatch": self.aborted_after_dispatch,
             "aborted_before_dispatch": self.aborted_before_dispatch,
@@ -270,7 +285,7 @@ def table_cells(rows: list[ToolStats]) -> list[list[str]]:
                 tool.name,
                 str(tool.calls),
                 str(tool.ok),
-                str(tool.calls - tool.ok),
+                str(tool.failed),
                 str(tool.aborted_after_dispatch),
                 str(tool.aborted_before_dispatch),
                 format_seconds(spread["p50"]),
