@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -349,7 +350,7 @@ def test_the_page_holds_the_known_calls_ticks_and_codes(
         "TOOL_TIMEOUT",
         "UNKNOWN_TOOL",
     }
-    assert data["overdue"] == DEFAULT_OVERDUE and data["lateCount"] == 1
+    assert data["overdue"] == DEFAULT_OVERDUE and sum(typed(data["late"])) == 1
     # The tables: the overdue call (and only it), the slowest call, the stats rows.
     overdue = page[page.index("<h2>Overdue calls") : page.index("<h2>Slowest calls")]
     assert "c-late" in overdue and "1.500s" in overdue and "c-coop" not in overdue
@@ -371,7 +372,7 @@ def test_overdue_threshold_is_an_option(plotly: Any, known_log: Path, tmp_path: 
     out = tmp_path / "report.html"
     assert report(str(known_log), "-o", str(out), "--overdue", "2") == 0
     page = out.read_text(encoding="utf-8")
-    assert payload(page)["lateCount"] == 0
+    assert sum(typed(payload(page)["late"])) == 0
     assert "None: no body ran more than 2 s after cancellation" in page
 
 
@@ -550,11 +551,20 @@ def test_distributions_and_table_count_every_call_when_the_timeline_is_sampled(
     assert p95["x"] == pytest.approx([0.395, 0.19], abs=0.002)
 
     # ... nor is the histogram: one line per tool, its bins adding up to that tool's calls.
-    lines = {trace["name"]: trace for trace in figure(page, "histogram")["data"]}
-    assert {name: sum(trace["y"]) for name, trace in lines.items()} == {
+    histogram = figure(page, "histogram")
+    lines = {trace["name"]: trace for trace in histogram["data"]}
+    assert {name: sum(trace["y"][:-1]) for name, trace in lines.items()} == {
         "crawl": 100,
         "search": 200,
     }
+    # Each line steps along the bins' edges (its last level repeated to the last edge), and the
+    # axis shows every edge: the first and the last bin are drawn whole.
+    edges = lines["search"]["x"]
+    assert edges[0] == pytest.approx(0.001) and edges[-1] == pytest.approx(0.399)
+    assert all(trace["y"][-1] == trace["y"][-2] for trace in lines.values())
+    assert lines["crawl"]["line"]["shape"] == "hv"
+    low, high = histogram["layout"]["xaxis"]["range"]  # log10 units on a log axis
+    assert low < math.log10(edges[0]) and high > math.log10(edges[-1])
 
     # ... nor the table `stats` prints.
     table = page[page.index('<table class="stats">') :]
@@ -661,6 +671,7 @@ function summary(draw) {
     range: draw.layout.xaxis.range,
     traces: draw.traces.map(t => ({type: t.type, name: t.name, uid: t.uid, n: (t.x || []).length,
       hover: t.hovertext || t.text || null, base: t.base || null, x: t.x || null,
+      color: t.marker ? t.marker.color : null,
       visible: t.visible === undefined ? true : t.visible})),
   };
 }
@@ -714,6 +725,14 @@ def test_script_draws_each_call_with_its_body_cancel_tick_and_overdue_outline(
     first, zoomed, again = run_script(data, zoom, {"hide": "TOOL_TIMEOUT"}, reset)
     traces = {trace["uid"]: trace for trace in first["traces"]}
     assert first["note"] == "6 calls in view"
+    assert legend_counts(first) == {
+        "ok": 1,
+        "ABORTED": 2,
+        "ABORTED_BEFORE_DISPATCH": 1,
+        "TOOL_TIMEOUT": 1,
+        "UNKNOWN_TOOL": 1,
+        "overdue": 1,
+    }
     aborted = data["codes"].index("ABORTED")
     bars = traces[f"bar-{aborted}"]
     assert bars["type"] == "bar" and bars["n"] == 2 and bars["name"] == "ABORTED (2)"
@@ -729,6 +748,15 @@ def test_script_draws_each_call_with_its_body_cancel_tick_and_overdue_outline(
     # Zoomed to 05:00:01.5-05:00:04: render_video (0.06 to 1.861), the timeout (2.0 to
     # 3.011) and the unknown tool (3.0).
     assert zoomed["note"] == "3 calls in view"
+    # The legend counts what is in view too (it counted every call, whatever the zoom).
+    assert legend_counts(zoomed) == {
+        "ok": 0,
+        "ABORTED": 1,
+        "ABORTED_BEFORE_DISPATCH": 0,
+        "TOOL_TIMEOUT": 1,
+        "UNKNOWN_TOOL": 1,
+        "overdue": 1,
+    }
     assert zoomed["range"][0] == pytest.approx((T0 + 1.5) * 1000, abs=0.01)
     drawn = [
         text
@@ -746,6 +774,40 @@ def test_script_draws_each_call_with_its_body_cancel_tick_and_overdue_outline(
     timeout = data["codes"].index("TOOL_TIMEOUT")
     hidden = {t["uid"] for t in again["traces"] if t["visible"] == "legendonly"}
     assert hidden == {f"bar-{timeout}", f"body-{timeout}", f"entry-{timeout}", f"flight-{timeout}"}
+
+
+def legend_counts(draw: dict[str, Any]) -> dict[str, int]:
+    """What the legend says of each code and of overdue calls: `NAME (COUNT)`."""
+    counts = {}
+    for trace in draw["traces"]:
+        match = re.fullmatch(r"(\S+)(?: .*)? \(([\d,]+)\)", trace["name"] or "")
+        if match and trace["visible"] is not False:
+            counts[match.group(1).rstrip(":")] = int(match.group(2).replace(",", ""))
+    return counts
+
+
+def test_script_draws_calls_too_short_to_see_at_a_minimum_width_in_their_colour(
+    plotly: Any, known_log: Path, tmp_path: Path
+) -> None:
+    data = _page_data(known_log, tmp_path)
+    zoom = {"xaxis.range[0]": iso(2.9)[:-1], "xaxis.range[1]": iso(3.1)[:-1]}
+    whole, zoomed = run_script(data, zoom)
+    # The whole log spans about 3 s: 4 px of a plot 830 px wide (the harness's page is 1,000
+    # px) are about 15 ms. The call denied before dispatch (0.2 ms) and the unknown tool (50 us)
+    # would be hairlines; each gets a marker of that width in its code's own colour.
+    traces = {trace["uid"]: trace for trace in whole["traces"]}
+    width = (data["stop"] - data["start"]) * 4 / (1000 - 150 - 20)
+    for code, call_id in (("ABORTED_BEFORE_DISPATCH", "c-before"), ("UNKNOWN_TOOL", "c-unknown")):
+        index = data["codes"].index(code)
+        short = traces[f"short-{index}"]
+        assert short["type"] == "bar" and short["n"] == 1
+        assert short["x"] == [pytest.approx(width, rel=1e-3)]  # epoch ms in float64
+        assert short["color"] == data["colors"][index]  # full colour, not the pale bar's
+        assert call_id in short["hover"][0]
+    assert len([uid for uid in traces if uid.startswith("short-")]) == 2  # the rest are wide
+    # Zoomed in to 200 ms around the unknown tool's call, it is still drawn 4 px wide: 1 ms.
+    narrow = [t for t in zoomed["traces"] if t["uid"].startswith("short-")]
+    assert [t["x"] for t in narrow] == [[pytest.approx(200 * 4 / 830, rel=1e-3)]]
 
 
 def test_script_aggregates_when_too_many_calls_are_in_view(plotly: Any, tmp_path: Path) -> None:

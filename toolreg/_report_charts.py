@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import heapq
 import html
+import itertools
 import math
 import sys
 from array import array
@@ -20,7 +21,16 @@ from typing import Any
 from ._report import EACH_CALL_LIMIT, Call, ReportData
 from ._stats import ToolStats
 
-__all__ = ["BINS", "code_colors", "histogram", "latency", "short", "text", "timeline_data"]
+__all__ = [
+    "BINS",
+    "code_colors",
+    "histogram",
+    "latency",
+    "short",
+    "span",
+    "text",
+    "timeline_data",
+]
 
 BINS = 400
 """Time bins of the heat strips and the in-flight chart, over the range in view."""
@@ -84,9 +94,6 @@ def timeline_data(drawn: list[Call], colors: dict[str, str], overdue: float) -> 
     start = min(call.entered for call in drawn)
     stop = max(call.end for call in drawn)
     pad = max((stop - start) * 0.01, 0.001)
-    counts = [0] * len(codes)
-    for call in drawn:
-        counts[code_index[call.code]] += 1
     return {
         "entered": _typed("d", "f8", (_ms(call.entered) for call in drawn)),
         "finished": _typed("f", "f4", (call.finished for call in drawn)),
@@ -102,7 +109,6 @@ def timeline_data(drawn: list[Call], colors: dict[str, str], overdue: float) -> 
         "ids": [text(call.call_id) for call in drawn],
         "messages": [text(short(message, 80)) for message in messages],
         "codes": [text(code) for code in codes],  # a log may hold any string
-        "counts": counts,
         "colors": [colors[code] for code in codes],
         "lightColors": [_alpha(colors[code], 0.55) for code in codes],
         "darkColors": [_darker(colors[code]) for code in codes],
@@ -115,7 +121,6 @@ def timeline_data(drawn: list[Call], colors: dict[str, str], overdue: float) -> 
         "start": _ms(start - pad),
         "stop": _ms(stop + pad),
         "overdue": overdue,
-        "lateCount": sum((call.overrun or 0.0) > overdue for call in drawn),
         "limit": EACH_CALL_LIMIT,
         "bins": BINS,
         "layout": _timeline_layout(blocks, band),
@@ -242,14 +247,20 @@ def _spread(durations: list[float]) -> dict[str, float]:
 
 
 def histogram(tools: list[ToolStats]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Step lines of each busy tool's durations over log-spaced bins, and the layout."""
+    """Step lines of each busy tool's durations over log-spaced bins, and the layout.
+
+    Each line steps along the bins' edges (a bin is drawn from its lower edge to its upper one)
+    and the x range spans every edge, so the first and last bins are drawn whole.
+    """
     busiest = sorted(tools, key=lambda tool: -len(tool.durations))[:_HISTOGRAM_TOOLS]
     values = [max(_LOG_FLOOR, v) for tool in busiest for v in tool.durations]
     traces: list[dict[str, Any]] = []
+    xaxis: dict[str, Any] = {"type": "log", "title": {"text": "seconds from entry to result (log)"}}
     if values:
         low, high = math.log10(min(values)), math.log10(max(values))
         width = max((high - low) / _HISTOGRAM_BINS, 1e-3)
-        centers = [10 ** (low + (index + 0.5) * width) for index in range(_HISTOGRAM_BINS)]
+        edges = [10 ** (low + index * width) for index in range(_HISTOGRAM_BINS + 1)]
+        ranges = [f"{span(a)} to {span(b)}" for a, b in itertools.pairwise(edges)]
         for number, tool in enumerate(sorted(busiest, key=lambda tool: tool.name)):
             counts = [0] * _HISTOGRAM_BINS
             for value in tool.durations:
@@ -260,20 +271,32 @@ def histogram(tools: list[ToolStats]) -> tuple[list[dict[str, Any]], dict[str, A
                     "type": "scatter",
                     "mode": "lines",
                     "name": text(short(tool.name)),
-                    "x": centers,
-                    "y": counts,
-                    "line": {"shape": "hvh", "color": _TOOL_COLORS[number % len(_TOOL_COLORS)]},
-                    "hovertemplate": "%{y} calls near %{x:.3s}s<extra>%{fullData.name}</extra>",
+                    "x": edges,
+                    "y": [*counts, counts[-1]],  # the last bin's level runs to its upper edge
+                    "customdata": [*ranges, ranges[-1]],
+                    "line": {"shape": "hv", "color": _TOOL_COLORS[number % len(_TOOL_COLORS)]},
+                    "hovertemplate": "%{y} calls, %{customdata}<extra>%{fullData.name}</extra>",
                 }
             )
+        # In log10 units, as plotly takes a log axis's range: every edge, and a bin to spare.
+        xaxis["range"] = [low - width, low + (_HISTOGRAM_BINS + 1) * width]
     layout = {
         "height": 360,
         "margin": {"l": 60, "r": 20, "t": 10, "b": 50},
         "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
-        "xaxis": {"type": "log", "title": {"text": "seconds from entry to result (log)"}},
+        "xaxis": xaxis,
         "yaxis": {"title": {"text": "calls"}, "rangemode": "tozero"},
     }
     return traces, layout
+
+
+def span(seconds: float) -> str:
+    """A duration as `15µs`, `12.3ms` or `1.500s`."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f}µs"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.1f}ms"
+    return f"{seconds:.3f}s"
 
 
 # -- helpers ---------------------------------------------------------------------------------------

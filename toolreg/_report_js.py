@@ -3,10 +3,13 @@
 Drawing 100,000 calls as plotly traces makes plotly.js process every point on each redraw
 (seconds, even with WebGL), and at full zoom a bar is far less than a pixel anyway. So the page
 holds the calls once, as typed arrays, and this script draws only what is in view: each call
-(SVG bars, hover anywhere on a bar) when at most `limit` calls are in view; otherwise, per tool,
+(SVG bars, hover anywhere on a bar; a call too short to see, say one denied at once, is drawn
+at a few pixels' width in its code's full colour) when at most `limit` calls are in view;
+otherwise, per tool,
 a heat strip of how many calls were in flight, with the overdue calls and the failures in view
 still drawn one by one (up to `limit` of each, an even sample beyond). The in-flight chart under
-the timeline is recomputed for the range in view. Zooming or panning redraws (`plotly_relayout`).
+the timeline is recomputed for the range in view, and so are the legend's counts (they count the
+calls in view, as the note above the chart does). Zooming or panning redraws (`plotly_relayout`).
 
 `toolregTimeline(id, data, config)`: `data` is what `_report_page._timeline_data` writes.
 """
@@ -113,12 +116,14 @@ function toolregTimeline(id, D, config) {
     return entered[i] + from * 1000;
   };
   var settledAt = function (i) { return entered[i] + settled[i] * 1000; };
+  var MIN_PX = 4;  // a bar narrower than this is drawn this wide, in its code's full colour
+  var inView = D.codes.map(function () { return 0; }), lateInView = 0, minWidth = 0;
   var tickSize = Math.max(4, Math.min(16, D.lanePx * 0.75));
   var cancelSize = Math.max(6, Math.min(22, D.lanePx * 1.1));
 
   function overdueTraces(list) {
     var name = "overdue: body ran > " + D.overdue + " s after cancel (" +
-      D.lateCount.toLocaleString("en") + ")";
+      lateInView.toLocaleString("en") + ")";
     return [
       bars(list, startOf, endOf, 0.92, "rgba(0,0,0,0)", {
         name: name, legendgroup: "overdue", showlegend: true, uid: "overdue",
@@ -130,7 +135,7 @@ function toolregTimeline(id, D, config) {
     ];
   }
   function codeName(c) {
-    return D.codes[c] + " (" + D.counts[c].toLocaleString("en") + ")";
+    return D.codes[c] + " (" + inView[c].toLocaleString("en") + ")";
   }
   function eachCall(list) {  // one bar per call, by code; then cancellations and overdue calls
     var traces = [], byCode = D.codes.map(function () { return []; });
@@ -140,6 +145,13 @@ function toolregTimeline(id, D, config) {
       traces.push(bars(group, startOf, endOf, 0.8, D.lightColors[c], {
         name: codeName(c), legendgroup: D.codes[c], showlegend: true, uid: "bar-" + c,
         hovertext: texts, hovertemplate: "%{hovertext}<extra></extra>"}));
+      var narrow = group.filter(function (i) { return ends[i] - entered[i] < minWidth; });
+      if (narrow.length) {
+        traces.push(bars(narrow, startOf, function (i) { return entered[i] + minWidth; }, 0.8,
+          color, {name: D.codes[c] + ": too short to see", legendgroup: D.codes[c],
+            showlegend: false, uid: "short-" + c, hovertext: narrow.map(hover),
+            hovertemplate: "%{hovertext}<extra></extra>"}));
+      }
       var bodies = group.filter(function (i) { return isFinite(dispatched[i]); });
       traces.push(bars(bodies, bodyStart, bodyEnd, 0.32, dark, {
         name: D.codes[c] + ": body", legendgroup: D.codes[c], showlegend: false,
@@ -237,10 +249,18 @@ function toolregTimeline(id, D, config) {
         hovertemplate: "%{y:.1f} " + D.codes[c] + " in flight<extra></extra>"};
     });
   }
+  function plotWidth() {  // pixels across the plot area (a guess before the div is laid out)
+    var margin = D.layout.margin, width = gd.clientWidth || 1000;
+    return Math.max(100, width - margin.l - margin.r);
+  }
   var drawing = false;
   function draw() {
     var x0 = view.x0, x1 = view.x1, list = [];
     for (var i = 0; i < n; i++) if (ends[i] >= x0 && entered[i] <= x1) list.push(i);
+    inView = D.codes.map(function () { return 0; });
+    lateInView = 0;
+    list.forEach(function (i) { inView[code[i]] += 1; lateInView += late[i]; });
+    minWidth = (x1 - x0) * MIN_PX / plotWidth();
     var each = list.length <= D.limit;
     var traces = (each ? eachCall(list) : heat(list, x0, x1)).concat(inFlight(x0, x1));
     var hidden = {};

@@ -18,7 +18,7 @@ from typing import Any
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
 from ._report import EACH_CALL_LIMIT, Call, ReportData, choose_drawn
-from ._report_charts import BINS, code_colors, histogram, latency, timeline_data
+from ._report_charts import BINS, code_colors, histogram, latency, span, timeline_data
 from ._report_js import SCRIPT
 from ._stats import ToolStats, code_table_cells, table_cells
 
@@ -150,9 +150,9 @@ def _overdue_table(calls: list[Call], overdue: float) -> str:
             call.call_id,
             call.code,
             _iso(call.entered),
-            f"+{_span(call.cancelled or 0.0)}",
-            f"+{_span(call.settled or 0.0)}",
-            _span(call.overrun or 0.0),
+            f"+{span(call.cancelled or 0.0)}",
+            f"+{span(call.settled or 0.0)}",
+            span(call.overrun or 0.0),
         ]
         for call in shown
     )
@@ -169,11 +169,11 @@ def _slowest_table(calls: list[Call]) -> str:
         body = "-"
         if call.dispatched is not None:
             settled = call.settled if call.settled is not None else call.finished
-            body = f"+{_span(call.dispatched)} to +{_span(settled)}"
-        cancel = "-" if call.cancelled is None else f"+{_span(call.cancelled)}"
+            body = f"+{span(call.dispatched)} to +{span(settled)}"
+        cancel = "-" if call.cancelled is None else f"+{span(call.cancelled)}"
         entered = _iso(call.entered)
         cells.append(
-            [call.name, call.call_id, call.code, entered, _span(call.finished), body, cancel]
+            [call.name, call.call_id, call.code, entered, span(call.finished), body, cancel]
         )
     return f"<h2>Slowest calls</h2>\n{_table(cells, 'slowest')}"
 
@@ -269,11 +269,3 @@ def _iso(epoch: float) -> str:
     seconds = math.floor(epoch)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
     return f"{stamp}.{int((epoch - seconds) * 1e6):06d}Z"
-
-
-def _span(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f}µs"
-    if seconds < 1.0:
-        return f"{seconds * 1e3:.1f}ms"
-    return f"{seconds:.3f}s"
