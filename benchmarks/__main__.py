@@ -1,4 +1,4 @@
-"""`python -m benchmarks [--quick] [--only NAME[,NAME]] [--regime same|cross|free]`.
+"""`python -m benchmarks [--quick] [--only NAME,...] [--regime same|cross|free] [--markdown PATH]`.
 
 Runs every `benchmarks/bench_*.py` module (or the ones named) in each regime (`_regime`): by
 default both pinned regimes, `same` then `cross`, one after the other for each module; with
@@ -8,7 +8,9 @@ regime. Each module's `run(quick)` returns its rows, printed as a table (after w
 printed itself), with the placement of its threads (`_regime.placement`) and its time.
 A module that raises is reported and makes the exit status 1; a missed target never does.
 
-At the end, a summary: every row that carries a target, in each regime that ran. A target
+At the end, a summary: every row that carries a target, in each regime that ran. `--markdown PATH`
+also writes the run's figures as the documentation's performance page (`_markdown`); it runs
+both pinned regimes, with `--quick` too, unless `--regime` picks one. A target
 of issue 18 has a limit for same and (in brackets, where it differs) for cross; a free run is
 held to the cross limit.
 """
@@ -23,10 +25,11 @@ import pkgutil
 import sys
 import time
 import traceback
+import types
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import _regime
+from . import _markdown, _regime
 from ._harness import Row, format_grid, format_table
 
 Result = tuple[str, str, list[Row]]  # (module, regime, rows)
@@ -46,8 +49,7 @@ def run_module(name: str, quick: bool, regime: _regime.Regime) -> tuple[str, lis
     with _regime.active(regime), contextlib.redirect_stdout(printed):
         rows = [_as_row(row) for row in module.run(quick)]
         placement = _regime.placement()
-    title = (module.__doc__ or name).strip().splitlines()[0]
-    table = format_table(f"{name} [{regime.name}]: {title}", rows)
+    table = format_table(f"{name} [{regime.name}]: {title(module)}", rows)
     if printed.getvalue().strip():  # what the module printed itself, then its rows
         table = f"{printed.getvalue().rstrip()}\n{table}"
     return f"{table}\n  threads: {placement}", rows
@@ -64,7 +66,7 @@ def regimes_for(args: argparse.Namespace) -> list[_regime.Regime]:
     if args.regime is not None:
         names = [args.regime]
     else:
-        names = ["same"] if args.quick else ["same", "cross"]
+        names = ["same"] if args.quick and not args.markdown else ["same", "cross"]
     planned: list[_regime.Regime] = []
     for name in names:
         regime = _regime.plan(name)
@@ -113,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         help="same: the process on one CPU; cross: callers on one CPU, workers on another; "
         "free: no pinning (default: same and cross; with --quick: same)",
     )
+    parser.add_argument(
+        "--markdown",
+        metavar="PATH",
+        help="also write the figures as a Markdown page (docs/performance.md), both regimes",
+    )
     args = parser.parse_args(argv)
     names = discover()
     if args.only:
@@ -141,8 +148,18 @@ def main(argv: list[str] | None = None) -> int:
             elapsed = time.perf_counter() - started
             print(f"{table}\n  ({name} [{regime.name}]: {elapsed:.1f} s)\n", flush=True)
     print(summary(results, [regime.requested for regime in regimes]))
+    if args.markdown:
+        titles = {name: title(importlib.import_module(f"{__package__}.{name}")) for name in names}
+        text = _markdown.page(results, [regime.requested for regime in regimes], titles)
+        Path(args.markdown).write_text(text, encoding="utf-8")
+        print(f"\nwrote {args.markdown}")
     print(f"\n(all: {time.perf_counter() - started_all:.1f} s)", flush=True)
     return status
+
+
+def title(module: types.ModuleType) -> str:
+    """The first line of a benchmark module's docstring: what it measures."""
+    return (module.__doc__ or module.__name__).strip().splitlines()[0]
 
 
 if __name__ == "__main__":

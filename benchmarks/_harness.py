@@ -47,6 +47,9 @@ class Row:
     ratio: str = ""  # against the module's baseline, e.g. "0.88x" (or "+3.10 us")
     target: str = ""  # e.g. "<= 1.00x"
     verdict: str = ""  # "PASS", "MISS", or "" when there is no target
+    # What the ratio is against, for the performance page: None means the last row named
+    # "... (baseline)" before this one; "" means nothing (an absolute figure).
+    baseline: str | None = None
 
     def cells(self) -> tuple[str, str, str, str, str]:
         return (self.name, self.figure, self.ratio, self.target, self.verdict)
@@ -250,11 +253,13 @@ class Target:
         return "PASS" if value <= self.limit(regime) else "MISS"
 
 
-def judged(name: str, figure: str, value: float, target: Target) -> Row:
+def judged(
+    name: str, figure: str, value: float, target: Target, baseline: str | None = None
+) -> Row:
     """The row of a figure with a target, judged in the current regime.
 
     `value` is what the target limits (a ratio, seconds, a count); it is shown in the ratio
-    column in the target's unit, unless the figure shows it already.
+    column in the target's unit, unless the figure shows it already. `baseline`: see `Row`.
     """
     regime = _regime.current().name
     shown = target.show(value)
@@ -264,6 +269,7 @@ def judged(name: str, figure: str, value: float, target: Target) -> Row:
         "" if shown == figure else shown,
         target.text(regime),
         target.verdict(value, regime),
+        baseline,
     )
 
 

@@ -194,7 +194,9 @@ def run(quick: bool) -> list[Row]:
             figure = f"{format_time(cost)}/call"
             factor = m.ratio(key, base)
             if name == "toolreg aio":
-                rows.append(judged(f"{name}, {shape}", figure, factor, TARGETS[concurrency]))
+                against = f"{BASELINE}, {shape}"
+                target = TARGETS[concurrency]
+                rows.append(judged(f"{name}, {shape}", figure, factor, target, against))
             else:
                 label = f"{name}, {shape}" + (" (baseline)" if name == BASELINE else "")
                 rows.append(Row(label, figure, f"{factor:.2f}x"))

@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `benchmarks` lives next to `tests`, outside the package
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import _regime  # noqa: E402
-from benchmarks._harness import Rounds, Target, interleaved  # noqa: E402
+from benchmarks import _markdown, _regime  # noqa: E402
+from benchmarks._harness import Rounds, Row, Target, interleaved  # noqa: E402
 from benchmarks.bench_footprint import foreign_imports, parse_importtime  # noqa: E402
 
 WAIT = 10.0
@@ -192,3 +192,58 @@ def test_importtime_lines_are_parsed_with_their_nesting() -> None:
     ]
     # Imports made by toolreg's own modules, by top-level package (not their own imports).
     assert foreign_imports(entries) == {"heapq": 250, "logging": 480}
+
+
+# -- the performance page (`python -m benchmarks --markdown PATH`) ------------------------------
+
+
+def test_each_row_of_the_page_names_its_baseline() -> None:
+    rows = [
+        Row("import time", "9 ms", "", "<= 20 ms", "PASS"),  # before any baseline: none
+        Row("fast path", "1 us", "0.50x", "<= 1.00x", "PASS", baseline="pool"),  # named
+        Row("pool (baseline)", "2 us", "1.00x"),
+        Row("pool, wrapped", "3 us", "1.50x"),
+        Row("one call (baseline of the next two)", "4 us"),
+        Row("batch of one", "8 us", "2.00x"),
+        Row("a count", "0 per 1,000", "", "<= 1 per 1,000", "PASS", baseline=""),  # none
+        Row("a note, no ratio", "7 things"),
+    ]
+    assert _markdown.baselines(rows) == [
+        "",
+        "pool",
+        "baseline",
+        "pool",
+        "baseline",
+        "one call",
+        "",
+        "",
+    ]
+
+
+def test_the_page_has_both_regimes_the_summary_and_a_table_per_module() -> None:
+    same = [
+        Row("hop (baseline)", "2 us", "1.00x"),
+        Row("execute", "1 us", "0.50x", "<= 1.00x", "PASS"),
+    ]
+    cross = [
+        Row("hop (baseline)", "9 us", "1.00x"),
+        Row("execute", "9 us", "1.10x", "<= 1.10x", "PASS"),
+    ]
+    page = _markdown.page(
+        [("bench_registry", "same", same), ("bench_registry", "cross", cross)],
+        ["same", "cross"],
+        {"bench_registry": "The registry | against the hop."},
+    )
+    assert page.startswith("# Performance\n")
+    assert (
+        "| execute (registry) | hop | <= 1.00x (same); <= 1.10x (cross) | 0.50x PASS | 1.10x PASS |"
+        in page
+    )
+    assert "### bench_registry\n\nThe registry | against the hop.\n" in page
+    header = (
+        "| benchmark | against | same: median | same: vs base | cross: median | cross: vs base |"
+    )
+    assert f"{header} target |" in page
+    row = "| execute | hop | 1 us | 0.50x PASS | 9 us | 1.10x PASS |"
+    assert f"{row} <= 1.00x (same); <= 1.10x (cross) |" in page
+    assert page.endswith("|\n") and "\n\n\n" not in page
