@@ -1,4 +1,5 @@
-"""The public surface: `toolreg.__all__` pinned and sorted, and the README quickstart runs."""
+"""The public surface: `toolreg.__all__` pinned and sorted, each public module's too, and the
+version. (The README's quickstart and every other snippet run in `test_docs`.)"""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import ast
 import gc
 import importlib
 import importlib.metadata
-import re
 import subprocess
 import sys
 import types
@@ -59,8 +59,6 @@ PUBLIC = [
     "thaw",
     "timeout_of",
 ]
-
-README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def test_all_names_are_pinned_without_duplicates() -> None:
@@ -150,19 +148,6 @@ def test_import_toolreg_reads_no_metadata_until_the_version_is_asked_for() -> No
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.split() == ["False", "True"]
-
-
-def quickstart() -> str:
-    """The first ```python block of README.md, whatever it grows into."""
-    match = re.search(r"^```python[ \t]*\n(.*?)^```", README.read_text("utf-8"), re.S | re.M)
-    assert match is not None, "README.md has no ```python block"
-    return match.group(1)
-
-
-def test_readme_quickstart_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    code = compile(quickstart(), f"{README}:quickstart", "exec")
-    exec(code, {"__name__": "__quickstart__"})
-    capsys.readouterr()  # whatever it prints is for a reader, not for this test
 
 
 # -- the seam: who may reach the registry's module ------------------------------------------------
