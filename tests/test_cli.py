@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from test_demo import run
 
 import toolreg
 
@@ -15,16 +15,8 @@ TESTS = Path(__file__).resolve().parent
 LOG = '{"name": "search", "ok": true, "duration": 0.1, "time": "2026-12-01T05:00:00Z"}\n'
 
 
-def toolreg_cli(*args: str, cwd: Path = TESTS) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "toolreg", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        stdin=subprocess.DEVNULL,
-        cwd=str(cwd),  # TESTS: `mcp_fixture` is importable as a target
-    )
+def toolreg_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return run(*args, cwd=TESTS)  # in TESTS: `mcp_fixture` is importable as a target
 
 
 def test_version_prints_the_distributions_version() -> None:

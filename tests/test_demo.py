@@ -19,6 +19,7 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]
         text=True,
         timeout=60,
         check=False,
+        stdin=subprocess.DEVNULL,
         cwd=cwd,
     )
 
