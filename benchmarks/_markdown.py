@@ -17,6 +17,7 @@ from ._harness import Row
 
 Result = tuple[str, str, list[Row]]  # (module, regime, rows), as `__main__` collects them
 
+_ONCE = "Run once: nothing in it depends on where threads run."
 _BASELINE = re.compile(r"\(baseline\b[^)]*\)")
 
 INTRO = """\
@@ -98,8 +99,10 @@ def _module(module: str, title: str, results: Sequence[Result], regimes: Sequenc
             if found.verdict:
                 judged[regime] = found
         lines.append([*line, _target(judged) if judged else ""])
-    once = "" if len(ran) == len(regimes) else " (nothing in it depends on where threads run)"
-    return f"### {module}{once}\n\n{title}\n\n{_table(lines)}\n"
+    once = (
+        "" if len(ran) == len(regimes) else " Run once: nothing in it depends on where threads run."
+    )
+    return f"### {module}\n\n{title}{once}\n\n{_table(lines)}\n"
 
 
 def baselines(rows: Sequence[Row]) -> list[str]:
