@@ -410,7 +410,7 @@ def test_a_log_without_calls_still_makes_a_page(plotly: Any, tmp_path: Path) -> 
 
 
 def test_filters_that_match_nothing_say_so_and_write_nothing(
-    known_log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    plotly: Any, known_log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "report.html"
     assert report(str(known_log), "-o", str(out), "--tool", "nosuch") == 1
