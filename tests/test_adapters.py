@@ -150,6 +150,7 @@ def test_arguments_that_are_not_json_are_handed_on_for_the_registry_to_refuse() 
     assert parse_arguments("  ") == {}
     assert parse_arguments("[1]") == [1]
     assert parse_arguments("{nope") == "{nope"
+    assert parse_arguments("null") == "null"  # not None, which a ToolCall reads as {}
 
 
 def test_wait_settled_absorbs_cancellation_until_the_task_is_done() -> None:
