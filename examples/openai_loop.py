@@ -18,50 +18,15 @@ import argparse
 import os
 from typing import Any
 
+from example_tools import build_registry  # the tools: add, word_count
 from openai import OpenAI
 
-from toolreg import ToolRegistry, ToolResult, deadline
+from toolreg import ToolRegistry, deadline
 from toolreg.providers import openai as tp
 
 MODEL = os.environ.get("OPENAI_MODEL", "gpt-5.5")
 TURN_SECONDS = 60.0  # every tool call of one turn must be done by then
 MAX_TURNS = 10
-
-
-def build_registry() -> ToolRegistry:
-    """The tools the model may call."""
-    registry = ToolRegistry(max_workers=4)
-
-    @registry.tool(
-        description="Add two integers.",
-        parameters={
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-        concurrency_safe=True,
-    )
-    def add(args: Any, ctx: Any) -> int:
-        return int(args["a"]) + int(args["b"])
-
-    @registry.tool(
-        description="Count the words in a text.",
-        parameters={
-            "type": "object",
-            "properties": {"text": {"type": "string"}},
-            "required": ["text"],
-        },
-        concurrency_safe=True,
-    )
-    def word_count(args: Any, ctx: Any) -> int:
-        return len(str(args["text"]).split())
-
-    registry.on_result(show)
-    return registry
-
-
-def show(result: ToolResult[Any]) -> None:
-    print(f"  [{result.call.name}] {result.content}", flush=True)
 
 
 def chat_loop(client: OpenAI, registry: ToolRegistry, prompt: str) -> str:
