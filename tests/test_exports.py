@@ -113,6 +113,15 @@ MODULES = {
     "toolreg.process": ["ProcessError", "ProcessResult", "run", "scrubbed_env"],
     "toolreg.mcp": ["RequestCancelled", "build_server", "serve"],
     "toolreg.adapters": [],
+    "toolreg.providers": [],
+    "toolreg.providers.anthropic": [
+        "RegistryToolset",
+        "arun_tool_calls",
+        "run_tool_calls",
+        "tool_calls",
+        "tools",
+    ],
+    "toolreg.providers.openai": ["arun_tool_calls", "run_tool_calls", "tool_calls", "tools"],
 }
 
 

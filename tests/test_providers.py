@@ -140,17 +140,6 @@ def test_without_the_sdks_dicts_work_and_the_toolset_names_the_extra() -> None:
     assert "pip install 'toolreg[anthropic]'" in refusal
 
 
-def test_the_public_names_are_pinned() -> None:
-    assert openai_provider.__all__ == ["arun_tool_calls", "run_tool_calls", "tool_calls", "tools"]
-    assert anthropic_provider.__all__ == [
-        "RegistryToolset",
-        "arun_tool_calls",
-        "run_tool_calls",
-        "tool_calls",
-        "tools",
-    ]
-
-
 # -- tools(): the definitions in each API's shape -----------------------------------------------
 
 
