@@ -29,7 +29,7 @@ from anthropic import Anthropic, AsyncAnthropic
 from anthropic.lib.tools import BetaAsyncBuiltinFunctionTool, BetaBuiltinFunctionTool
 from anthropic.types import Message
 
-from toolreg import CancelSource, CancelToken, ErrorCode, ToolRegistry
+from toolreg import CancelSource, CancelToken, ErrorCode, RegistryClosedError, ToolRegistry
 from toolreg.providers import anthropic as tp
 from toolreg.providers.anthropic import RegistryToolset
 
@@ -356,6 +356,14 @@ def test_the_toolset_gives_the_sdk_s_tool_classes_with_the_registry_definitions(
     assert toolset.tools[1].to_dict() == tp.tools(s.registry, ["add"])[0]  # a fresh copy
     assert repr(toolset) == "<RegistryToolset tools=['stubborn', 'add']>"
     assert repr(toolset.tools[1]) == "<RegistryTool 'add'>"
+
+
+def test_a_toolset_tool_on_a_closed_registry_raises_what_execute_raises(s: Scenario) -> None:
+    toolset = RegistryToolset(s.registry, ["add"])
+    s.registry.close()
+    with pytest.raises(RegistryClosedError):
+        toolset.tools[0].call({"a": 1})
+    assert s.observed.results == []
 
 
 def test_the_toolset_refuses_misuse_when_built(s: Scenario) -> None:
