@@ -489,6 +489,35 @@ def test_arun_tool_calls_gives_the_same_items_on_either_registry(shape: Shape) -
     assert empty == []
 
 
+def test_arun_tool_calls_closes_the_facade_it_made_and_only_that_one(
+    shape: Shape, s: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed: list[AsyncToolRegistry] = []
+    aclose = AsyncToolRegistry.aclose
+
+    async def recording_aclose(self: AsyncToolRegistry) -> None:
+        closed.append(self)
+        await aclose(self)
+
+    monkeypatch.setattr(AsyncToolRegistry, "aclose", recording_aclose)
+    source = shape.source([("c1", "add", {"a": 1})])
+
+    before = set(threading.enumerate())
+
+    async def main() -> None:
+        await shape.module.arun_tool_calls(s.registry, source)
+        made = closed[:]  # the facade made for the call: closed before the call returned
+        areg = AsyncToolRegistry(s.registry)
+        await shape.module.arun_tool_calls(areg, source)
+        assert closed == made  # the caller's facade is the caller's to close
+        assert len(made) == 1 and made[0] is not areg
+        await aclose(areg)
+
+    asyncio.run(main())
+    started = set(threading.enumerate()) - before
+    assert [t.name for t in started if "aio-batch" in t.name] == []  # joined by aclose()
+
+
 @pytest.mark.usefixtures("no_leaked_threads_or_fds")
 def test_cancelling_the_awaiting_task_cancels_the_calls_and_joins_them(shape: Shape) -> None:
     async def main(s: Scenario) -> None:
