@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -555,3 +557,99 @@ def test_denials_by_a_pre_execute_hook_read_as_failures(shape: Shape, s: Scenari
     items = shape.run(s.registry, shape.source([("c1", "add", {"a": 1})]))
     assert shape.read(items) == [("c1", "Error: policy says no")]
     assert s.observed.codes == [ErrorCode.DENIED] and s.bodies_run == []
+
+
+# -- stress: random turns under random cancellation ------------------------------------------------
+
+STRESS_ROUNDS = 30
+STRESS_KINDS = ("quick", "safe", "wait", "bad", "unknown", "boom")
+
+
+@pytest.mark.stress
+def test_random_turns_under_random_cancellation_keep_one_item_per_call(shape: Shape) -> None:
+    """Each round: a turn of 1-24 random calls (quick and concurrency-safe bodies, bodies that
+    wait for their token, bad arguments, unknown tools, errors), cancelled once a random number
+    of results was observed or a body started to wait for its token (an Event handshake), or
+    never (then no body waits). Invariants: one item per call, in order, carrying its id and the
+    text of that call's observed result; a body ran exactly for the results that say so; nothing
+    still runs when the items are returned. `STRESS_SEED=<n>` replays a failure's mix."""
+    seed = int(os.environ.get("STRESS_SEED", random.randrange(2**32)))
+    rng = random.Random(seed)
+    running = Journal()  # +1 / -1 as bodies start and end
+    ran = Journal()  # call ids of the bodies that started
+    enough = threading.Event()  # set: the canceller cancels the round's turn
+
+    def body(args: Any, ctx: Any) -> str:
+        running(1)
+        ran(ctx.call.call_id)
+        try:
+            if args.get("wait"):
+                enough.set()
+                if not ctx.token.wait(WAIT):
+                    ran("the turn was never cancelled")
+            if args.get("boom"):
+                raise RuntimeError("boom")
+            return "ok"
+        finally:
+            running(-1)
+
+    with open_registry(max_workers=4) as registry:
+        registry.tool(name="work", parameters={"type": "object"})(body)
+        registry.tool(name="work_safe", concurrency_safe=True)(body)
+        for round_ in range(STRESS_ROUNDS):
+            context = f"seed {seed}, round {round_}"
+            calls, cancel_after = _random_turn(rng, f"r{round_}c")
+            enough.clear()
+            items, observed = _cancelled_turn(shape, registry, calls, cancel_after, enough)
+            assert sum(running.entries) == 0, f"a body still runs ({context})"
+            assert [cid for cid, _ in shape.read(items)] == [c for c, _, _ in calls], context
+            for cid, text in shape.read(items):
+                assert text == observed[cid].content, context
+            dispatched = {cid for cid, result in observed.items() if result.dispatched}
+            assert {cid for cid in ran.entries if cid.startswith(f"r{round_}c")} == dispatched
+            before = {cid for cid, result in observed.items() if result.code == BEFORE}
+            assert not before & dispatched, context
+    assert "the turn was never cancelled" not in ran.entries, f"seed {seed}"
+
+
+def _random_turn(rng: random.Random, prefix: str) -> tuple[list[tuple[str, str, Any]], int]:
+    """Random calls, and after how many results the turn is cancelled (more than all: never)."""
+    size = rng.randint(1, 24)
+    cancel_after = rng.randint(0, size + 1)
+    never = tuple(kind for kind in STRESS_KINDS if kind != "wait")
+    kinds = STRESS_KINDS if cancel_after <= size else never
+    calls = []
+    for n in range(size):
+        kind = rng.choice(kinds)
+        name = {"safe": "work_safe", "unknown": "nowhere"}.get(kind, "work")
+        args: Any = [1] if kind == "bad" else {"wait": kind == "wait", "boom": kind == "boom"}
+        calls.append((f"{prefix}{n}", name, args))
+    return calls, cancel_after
+
+
+def _cancelled_turn(
+    shape: Shape,
+    registry: ToolRegistry,
+    calls: list[tuple[str, str, Any]],
+    cancel_after: int,
+    enough: threading.Event,
+) -> tuple[list[Any], dict[str, Any]]:
+    """The turn's items, cancelled by another thread once `enough` is set (here, once
+    `cancel_after` results were observed), and every result observed, by call id."""
+    observed: dict[str, Any] = {}
+
+    def observe(result: Any) -> None:
+        observed[result.call.call_id] = result
+        if len(observed) >= cancel_after:
+            enough.set()
+
+    turn = CancelSource()
+    observation = registry.on_result(observe)
+    canceller = Caller(lambda: enough.wait(WAIT) and turn.cancel("stop"))
+    try:
+        items = shape.run(registry, shape.source(calls), token=turn.token, max_parallel=4)
+    finally:
+        enough.set()
+        canceller.join()
+        observation.remove()
+    return items, observed
