@@ -3,8 +3,9 @@ Responses) and Anthropic (Messages) in their own wire formats.
 
 `serving(api, replies)` starts a `FakeProvider` on a free port and stops it (server shut down,
 its threads joined) when the block ends; point the real SDK's `base_url` at `provider.base_url`
-(or `provider.openai_base_url`). Each request gets the next scripted reply, either a canned body
-(`chat_reply`, `responses_reply`, `message_reply` build them) or a function of the request body.
+(or `provider.openai_base_url`), or run an example against it (`run_example`). Each request
+gets the next scripted reply, either a canned body (`chat_reply`, `responses_reply`,
+`message_reply` build them) or a function of the request body.
 
 Every request is checked as the real API checks a conversation, and more strictly: each tool
 call the model made must be answered exactly once, in order, before the conversation goes on
@@ -20,10 +21,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Literal
 
 Api = Literal["chat", "responses", "anthropic"]
@@ -102,6 +107,24 @@ def serving(api: Api, replies: Sequence[Reply]) -> Iterator[FakeProvider]:
         yield provider
     finally:
         provider.stop()
+
+
+def run_example(script: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run an example script in a fresh interpreter with `env` instead of the caller's own
+    provider settings (every `OPENAI_*` and `ANTHROPIC_*` variable is dropped)."""
+    inherited = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("OPENAI_", "ANTHROPIC_"))
+    }
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**inherited, **env},
+        check=False,
+    )
 
 
 def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:

@@ -15,9 +15,6 @@ import asyncio
 import json
 import os
 import random
-import subprocess
-import sys
-import textwrap
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from _adapter_helpers import Scenario, scenario, still_pending, wait_event
+from _adapter_helpers import Scenario, cancel_while_stubborn, run_python, scenario
 from _fake_provider import Body, Call, chat_reply, message_reply, responses_reply
 from _registry_helpers import ABORTED, BEFORE, WAIT, Caller, Journal, open_registry
 
@@ -90,21 +87,11 @@ def s() -> Iterator[Scenario]:
         yield made
 
 
-def _run_python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 # -- imports ------------------------------------------------------------------------------------
 
 
 def test_importing_toolreg_and_the_provider_modules_imports_no_sdk() -> None:
-    done = _run_python(
+    done = run_python(
         f"""
         import sys
         import toolreg, toolreg.providers, toolreg.providers.openai, toolreg.providers.anthropic
@@ -116,7 +103,7 @@ def test_importing_toolreg_and_the_provider_modules_imports_no_sdk() -> None:
 
 
 def test_without_the_sdks_dicts_work_and_the_toolset_names_the_extra() -> None:
-    done = _run_python(
+    done = run_python(
         """
         import sys
         sys.modules["openai"] = sys.modules["anthropic"] = None  # as if not installed
@@ -525,14 +512,7 @@ def test_cancelling_the_awaiting_task_cancels_the_calls_and_joins_them(shape: Sh
     async def main(s: Scenario) -> None:
         source = shape.source([("c1", "stubborn", {}), ("c2", "add", {"a": 1})])
         task = asyncio.ensure_future(shape.module.arun_tool_calls(s.registry, source))
-        await wait_event(s.started)
-        task.cancel()
-        await wait_event(s.saw_cancel)  # the cancellation reached the body's token
-        assert await still_pending(task)  # and the task waits for the body to settle
-        s.release.set()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        s.journal("task cancelled")
+        await cancel_while_stubborn(s, task)
 
     with scenario() as s:
         asyncio.run(main(s))

@@ -10,9 +10,7 @@ next user message opens with one `tool_result` per `tool_use`, in order (`_fake_
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +20,8 @@ import pytest
 
 pytest.importorskip("anthropic", reason="the anthropic extra is not installed")
 
-from _adapter_helpers import Scenario, scenario, still_pending, wait_event
-from _fake_provider import FakeProvider, message_reply, serving
+from _adapter_helpers import Scenario, cancel_while_stubborn, scenario
+from _fake_provider import FakeProvider, message_reply, run_example, serving
 from _registry_helpers import ABORTED, BEFORE, WAIT
 from anthropic import Anthropic, AsyncAnthropic
 from anthropic.lib.tools import BetaAsyncBuiltinFunctionTool, BetaBuiltinFunctionTool
@@ -208,14 +206,7 @@ def test_cancelling_the_async_turn_joins_the_bodies_before_cancelled_error(s: Sc
         async with _async_client(server) as client:
             message = await client.messages.create(model=MODEL, max_tokens=100, messages=[])
             task = asyncio.ensure_future(tp.arun_tool_calls(s.registry, message))
-            await wait_event(s.started)
-            task.cancel()
-            await wait_event(s.saw_cancel)
-            assert await still_pending(task)
-            s.release.set()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            s.journal("task cancelled")
+            await cancel_while_stubborn(s, task)
 
     script = [message_reply([("toolu_1", "stubborn", {}), ("toolu_2", "add", {"a": 1})])]
     with serving("anthropic", script) as server:
@@ -318,14 +309,7 @@ def test_the_async_tool_runner_drives_a_loop_and_its_cancellation_joins_the_body
                 tools=toolset.async_tools,
             )
             task = asyncio.ensure_future(runner.until_done())
-            await wait_event(s.started)
-            task.cancel()
-            await wait_event(s.saw_cancel)
-            assert await still_pending(task)
-            s.release.set()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            s.journal("task cancelled")
+            await cancel_while_stubborn(s, task)
 
     script = [
         message_reply([("toolu_1", "add", {"a": 1}), ("toolu_2", "boom", {})]),
@@ -380,20 +364,11 @@ def test_the_toolset_refuses_misuse_when_built(s: Scenario) -> None:
 
 def _run_example(server: FakeProvider, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("OPENAI_", "ANTHROPIC_"))
+        "ANTHROPIC_API_KEY": "test-key",
+        "ANTHROPIC_BASE_URL": server.base_url,
+        "ANTHROPIC_MODEL": MODEL,
     }
-    env.update(ANTHROPIC_API_KEY="test-key", ANTHROPIC_BASE_URL=server.base_url)
-    env.update(ANTHROPIC_MODEL=MODEL)
-    return subprocess.run(
-        [sys.executable, str(EXAMPLE), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
+    return run_example(EXAMPLE, env, *args)
 
 
 @pytest.mark.parametrize("mode", [[], ["--runner"]], ids=["messages", "runner"])

@@ -9,9 +9,7 @@ request it receives: one result per tool call id, in order (`_fake_provider`), s
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +19,8 @@ import pytest
 
 pytest.importorskip("openai", reason="the openai extra is not installed")
 
-from _adapter_helpers import Scenario, scenario, still_pending, wait_event
-from _fake_provider import FakeProvider, chat_reply, responses_reply, serving
+from _adapter_helpers import Scenario, cancel_while_stubborn, scenario
+from _fake_provider import FakeProvider, chat_reply, responses_reply, run_example, serving
 from _registry_helpers import ABORTED, BEFORE, WAIT
 from openai import AsyncOpenAI, OpenAI, omit
 from openai.types.chat import ChatCompletion
@@ -248,14 +246,7 @@ def test_cancelling_the_async_turn_joins_the_bodies_before_cancelled_error(s: Sc
         ) as client:
             completion = await client.chat.completions.create(model=MODEL, messages=[])
             task = asyncio.ensure_future(tp.arun_tool_calls(s.registry, completion))
-            await wait_event(s.started)
-            task.cancel()
-            await wait_event(s.saw_cancel)
-            assert await still_pending(task)  # the stubborn body is still running
-            s.release.set()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            s.journal("task cancelled")
+            await cancel_while_stubborn(s, task)
 
     script = [chat_reply([("call_1", "stubborn", "{}"), ("call_2", "add", '{"a": 1}')])]
     with serving("chat", script) as server:
@@ -269,20 +260,11 @@ def test_cancelling_the_async_turn_joins_the_bodies_before_cancelled_error(s: Sc
 
 def _run_example(server: FakeProvider, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("OPENAI_", "ANTHROPIC_"))
+        "OPENAI_API_KEY": "test-key",
+        "OPENAI_BASE_URL": server.openai_base_url,
+        "OPENAI_MODEL": MODEL,
     }
-    env.update(OPENAI_API_KEY="test-key", OPENAI_BASE_URL=server.openai_base_url)
-    env.update(OPENAI_MODEL=MODEL)
-    return subprocess.run(
-        [sys.executable, str(EXAMPLE), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
+    return run_example(EXAMPLE, env, *args)
 
 
 def test_the_example_runs_a_chat_loop_against_the_api() -> None:
