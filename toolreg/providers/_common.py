@@ -16,13 +16,13 @@ from ..adapters._common import check_registry, parse_arguments
 from ..aio import AsyncToolRegistry
 
 __all__ = [
+    "arun_turn",
     "field",
     "items_of",
     "json_arguments",
     "object_arguments",
     "provider_id",
     "run_turn",
-    "arun_turn",
     "text_of",
 ]
 
@@ -63,7 +63,8 @@ def text_of(item: object, key: str) -> str:
 
 def json_arguments(raw: object) -> Any:
     """Arguments a model sent as JSON text, as Python; anything that is not a JSON object is
-    handed on for the registry to refuse (`INVALID_ARGS`): parsing never raises."""
+    handed on for the registry to refuse (`INVALID_ARGS`): parsing never raises. Empty or
+    missing text means no arguments."""
     return parse_arguments(raw) if isinstance(raw, str) else raw
 
 
