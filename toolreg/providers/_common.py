@@ -7,13 +7,15 @@ SDK's object or a key of a plain dict, so the two are interchangeable.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import CancelToken, ToolCall, ToolRegistry, ToolResult
 from .._batch import check_batch
 from .._cancel import caller_token
 from ..adapters._common import check_registry, parse_arguments
-from ..aio import AsyncToolRegistry
+
+if TYPE_CHECKING:
+    from ..aio import AsyncToolRegistry
 
 __all__ = [
     "arun_turn",
@@ -118,6 +120,8 @@ async def arun_turn(
     Cancelling the awaiting task cancels the batch and waits until every started body has
     settled (the facade's contract), then `asyncio.CancelledError` propagates.
     """
+    from ..aio import AsyncToolRegistry  # here: a sync loop never starts the facade's helper
+
     if not isinstance(target, (ToolRegistry, AsyncToolRegistry)):
         raise TypeError(
             "expected a toolreg.ToolRegistry or a toolreg.aio.AsyncToolRegistry, "

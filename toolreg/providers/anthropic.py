@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import CancelToken, ToolCall, ToolRegistry, ToolResult
 from ..adapters._common import Selected, check_registry, check_token, select_provider_tools
-from ..aio import AsyncToolRegistry
 from ._common import arun_turn, field, items_of, object_arguments, provider_id, run_turn, text_of
 
 if TYPE_CHECKING:
+    from ..aio import AsyncToolRegistry
     from ._anthropic_runner import AsyncRegistryTool, RegistryTool
 
 __all__ = ["RegistryToolset", "arun_tool_calls", "run_tool_calls", "tool_calls", "tools"]
@@ -185,6 +185,7 @@ class RegistryToolset:
         names: Iterable[str] | None = None,
         token: CancelToken | None = None,
     ) -> None:
+        from ..aio import AsyncToolRegistry
         from . import _anthropic_runner as runner  # the SDK: ImportError names the extra
 
         self._registry = check_registry(registry)

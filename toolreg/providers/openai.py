@@ -36,11 +36,10 @@ only ever declares functions.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .. import CancelToken, ToolCall, ToolRegistry, ToolResult
 from ..adapters._common import select_provider_tools
-from ..aio import AsyncToolRegistry
 from ._common import (
     arun_turn,
     field,
@@ -50,6 +49,9 @@ from ._common import (
     run_turn,
     text_of,
 )
+
+if TYPE_CHECKING:
+    from ..aio import AsyncToolRegistry
 
 __all__ = ["arun_tool_calls", "run_tool_calls", "tool_calls", "tools"]
 
