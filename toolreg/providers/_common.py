@@ -31,6 +31,8 @@ __all__ = [
 
 def field(source: object, name: str) -> Any:
     """`source[name]` for a mapping, `source.name` for anything else; None when absent."""
+    if type(source) is dict:  # a response read from JSON: no ABC check
+        return source.get(name)
     if isinstance(source, Mapping):
         return source.get(name)
     return getattr(source, name, None)
