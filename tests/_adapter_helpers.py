@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -86,6 +89,17 @@ def scenario(max_workers: int = 4) -> Iterator[Scenario]:
         registry.close()
 
 
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run `code` (dedented) in a fresh interpreter: for what importing does to `sys.modules`."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
 async def wait_event(event: threading.Event) -> None:
     """Wait, off the event loop, for an event a worker sets."""
     assert await asyncio.to_thread(event.wait, WAIT), "the worker never reached the event"
@@ -95,3 +109,19 @@ async def still_pending(task: asyncio.Future[Any], seconds: float = 0.1) -> bool
     """True if `task` is not done after `seconds` (a check that can only miss, never orders)."""
     done, _ = await asyncio.wait((task,), timeout=seconds)
     return not done
+
+
+async def cancel_while_stubborn(s: Scenario, task: asyncio.Future[Any]) -> None:
+    """Cancel `task` once the stubborn body runs, check that the task waits for that body,
+    release it, and see `asyncio.CancelledError`; journals "task cancelled" last."""
+    await wait_event(s.started)
+    task.cancel()
+    await wait_event(s.saw_cancel)  # the cancellation reached the body's token
+    assert await still_pending(task), "the task did not wait for the body"
+    s.release.set()
+    try:
+        await task
+    except asyncio.CancelledError:
+        s.journal("task cancelled")
+    else:
+        raise AssertionError("the task was not cancelled")

@@ -8,11 +8,9 @@ for all three adapters (`toolreg.adapters._common`).
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
-import textwrap
 
 import pytest
+from _adapter_helpers import run_python
 from _registry_helpers import open_registry
 
 from toolreg import CancelSource, CancelToken
@@ -28,18 +26,8 @@ from toolreg.adapters._common import (
 FRAMEWORKS = ("langchain_core", "langchain", "agents", "openai", "pydantic_ai", "pydantic")
 
 
-def _run_python(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_importing_toolreg_and_its_adapters_package_imports_no_framework() -> None:
-    done = _run_python(
+    done = run_python(
         f"""
         import sys
         import toolreg, toolreg.adapters, toolreg.aio, toolreg.log
@@ -63,7 +51,7 @@ def test_importing_toolreg_and_its_adapters_package_imports_no_framework() -> No
 def test_an_adapter_without_its_extra_names_the_extra_to_install(
     module: str, blocked: str, extra: str
 ) -> None:
-    done = _run_python(
+    done = run_python(
         f"""
         import sys
         sys.modules[{blocked!r}] = None  # as if it were not installed
@@ -150,6 +138,7 @@ def test_arguments_that_are_not_json_are_handed_on_for_the_registry_to_refuse() 
     assert parse_arguments("  ") == {}
     assert parse_arguments("[1]") == [1]
     assert parse_arguments("{nope") == "{nope"
+    assert parse_arguments("null") == "null"  # not None, which a ToolCall reads as {}
 
 
 def test_wait_settled_absorbs_cancellation_until_the_task_is_done() -> None:

@@ -114,6 +114,15 @@ MODULES = {
     "toolreg.process": ["ProcessError", "ProcessResult", "run", "scrubbed_env"],
     "toolreg.mcp": ["RequestCancelled", "build_server", "serve"],
     "toolreg.adapters": [],
+    "toolreg.providers": [],
+    "toolreg.providers.anthropic": [
+        "RegistryToolset",
+        "arun_tool_calls",
+        "run_tool_calls",
+        "tool_calls",
+        "tools",
+    ],
+    "toolreg.providers.openai": ["arun_tool_calls", "run_tool_calls", "tool_calls", "tools"],
 }
 # A module that needs an extra imports it at once: without it, its pin is skipped (with why).
 NEEDS_EXTRA = {"toolreg.mcp": ("mcp", "mcp")}  # module -> (what it imports, the extra)

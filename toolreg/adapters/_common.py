@@ -1,6 +1,7 @@
 """What every adapter needs: argument checks, the tool selection, token fusion, a settled wait.
 
-Nothing here imports a framework. The MCP bridge uses `wait_settled` too.
+Nothing here imports a framework. The MCP bridge uses `wait_settled` too, and the provider SDK
+loops (`toolreg.providers`) the selection and the argument parsing.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import CancelSource, CancelToken, Tool, ToolRegistry
+from .._catalog import _PROVIDER_NAME_LIMIT, _provider_accepts
 
 __all__ = [
     "Selected",
@@ -21,6 +23,7 @@ __all__ = [
     "check_registry",
     "check_token",
     "parse_arguments",
+    "select_provider_tools",
     "select_tools",
     "wait_settled",
 ]
@@ -78,6 +81,24 @@ def select_tools(registry: ToolRegistry, names: Iterable[str] | None) -> list[Se
     return [available[name] for name in wanted]
 
 
+def select_provider_tools(
+    registry: ToolRegistry, names: Iterable[str] | None, provider: str
+) -> list[Selected]:
+    """`select_tools`, refusing (`ValueError`) the names OpenAI and Anthropic refuse.
+
+    Those providers take `[A-Za-z0-9_-]{1,64}`: a tool named longer, or with a `.`, is named
+    in the error (`provider` says whose rule it is) instead of failing the model request.
+    """
+    selection = select_tools(registry, names)
+    refused = [s.tool.name for s in selection if not _provider_accepts(s.tool.name)]
+    if refused:
+        raise ValueError(
+            f"{provider} refuses tool names longer than {_PROVIDER_NAME_LIMIT} characters or "
+            f"containing '.': {', '.join(map(repr, refused))}; rename these tools"
+        )
+    return selection
+
+
 @contextlib.contextmanager
 def call_token(*tokens: CancelToken | None) -> Iterator[CancelToken | None]:
     """One token cancelled when any of `tokens` is (None when there is none).
@@ -100,14 +121,16 @@ def parse_arguments(raw: str) -> Any:
 
     The registry's entry check then refuses what is not a mapping (`INVALID_ARGS`), so a
     malformed call still reaches the hooks' observers and the result log like any other.
-    An empty string means no arguments.
+    An empty string means no arguments; JSON `null` is handed on as its text, because a call
+    whose arguments are None would run with `{}`.
     """
     if not raw.strip():
         return {}
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
     except ValueError:
         return raw
+    return raw if value is None else value
 
 
 async def wait_settled(task: asyncio.Future[Any]) -> None:

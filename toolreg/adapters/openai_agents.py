@@ -44,14 +44,13 @@ except ImportError as exc:  # the extra is not installed
     ) from exc
 
 from .. import CancelToken, ToolCall, ToolRegistry
-from .._catalog import _PROVIDER_NAME_LIMIT, _provider_accepts
 from ..aio import AsyncToolRegistry
 from ._common import (
     Selected,
     check_registry,
     check_token,
     parse_arguments,
-    select_tools,
+    select_provider_tools,
     wait_settled,
 )
 
@@ -93,13 +92,7 @@ class AgentToolset:
         self._lock = threading.Lock()  # guards _abandoned
         # One per call whose task the SDK cancelled and may have abandoned; set when it settled.
         self._abandoned: set[concurrent.futures.Future[None]] = set()
-        selection = select_tools(registry, names)
-        refused = [s.tool.name for s in selection if not _provider_accepts(s.tool.name)]
-        if refused:
-            raise ValueError(
-                f"OpenAI refuses tool names longer than {_PROVIDER_NAME_LIMIT} characters or "
-                f"containing '.': {', '.join(map(repr, refused))}; rename these tools"
-            )
+        selection = select_provider_tools(registry, names, "OpenAI")
         self._tools = [self._function_tool(s, strict_json_schema) for s in selection]
 
     @property
