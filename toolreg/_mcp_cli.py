@@ -34,7 +34,9 @@ client configuration (stdio):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `mcp` subcommand's arguments."""
-    parser.add_argument("target", metavar="TARGET", help="module:attribute of the registry")
+    parser.add_argument(
+        "target", metavar="TARGET", nargs="?", help="module:attribute of the registry"
+    )
     parser.add_argument(
         "--transport",
         choices=("stdio", "streamable-http"),
@@ -49,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--path", default="/mcp", help="HTTP: endpoint path (default /mcp)")
     parser.add_argument("--name", default="toolreg", help="server name shown to clients")
+    from . import _mcp_gateway  # --config, --log, --timeout, --cancel-grace
+
+    _mcp_gateway.add_arguments(parser)
 
 
 def load_registry(target: str) -> tuple[ToolRegistry, bool]:
@@ -84,6 +89,10 @@ def load_registry(target: str) -> tuple[ToolRegistry, bool]:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until stopped; 0 after a clean stop, 2 for a bad target or a missing extra."""
+    from . import _mcp_gateway
+
+    if args.target is None or _mcp_gateway.wanted(args):
+        return _mcp_gateway.run(args)  # --config, --log, --timeout: the gateway's options
     try:
         from . import mcp
     except ImportError as exc:
