@@ -193,16 +193,19 @@ class Session:
                 result = await link.client.call_tool(
                     call.name, call.arguments, progress_callback=call.progress
                 )
+                outcome: tuple[str, Any] = ("result", result)
             except MCPError as exc:
-                return ("error", self._failed(call, exc))
+                outcome = ("error", self._failed(call, exc))
             except UpstreamError as exc:
-                return ("error", exc)
+                outcome = ("error", exc)
             except Exception as exc:  # an answer the SDK could not read or validate
-                return ("error", UpstreamError(f"MCP upstream {self._label}: {describe(exc)}"))
+                outcome = ("error", UpstreamError(f"MCP upstream {self._label}: {describe(exc)}"))
             finally:
                 if call.link is not None and call.request_id is not None:
                     call.link.notified.discard(call.request_id)
-            return ("result", result)
+            # An answer after our cancel (some servers answer a cancelled request, e.g. with
+            # -32800) only ends the grace early: the cancel has won.
+            return outcome if call.reason is LIVE else ("cancelled", call.reason)
         return ("cancelled", call.reason)
 
     def _failed(self, call: Call, exc: MCPError) -> UpstreamError:
