@@ -131,13 +131,13 @@ def run(args: argparse.Namespace) -> int:
                 _add_log(registry, args.log, stack)
         except (ImportError, OSError, ValueError) as exc:
             return _fail(str(exc), 2)
-        _log_to_stderr()
         grace = 1.0 if args.cancel_grace is None else args.cancel_grace
         try:
             for mounted in _mount_all(mcp.mount, registry, servers, grace):
                 stack.callback(mounted.close)
         except _MountFailed as exc:
             return _fail(str(exc), 1)
+        _log_to_stderr()
         mcp.serve(
             registry,
             transport=args.transport,
