@@ -50,13 +50,6 @@ GRACE = 0.2  # cancel_grace of the tests' mounts: every cancelled call waits thi
 
 
 @pytest.fixture(scope="module")
-def fifos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fifos]:
-    made = Fifos(tmp_path_factory.mktemp("fifos"))
-    yield made
-    made.close()
-
-
-@pytest.fixture(scope="module")
 def stdio(fifos: Fifos) -> Iterator[tuple[ToolRegistry, Mount]]:
     """One registry with the stdio upstream mounted as `up.*`, for the tests that keep it."""
     with ToolRegistry(max_workers=8) as registry:
@@ -252,6 +245,22 @@ def test_the_mount_token_cancels_every_call_made_through_the_mount(
         assert web.cancels[cancels:] == ["the session ended"]
     else:  # 2026-07-28 over HTTP: the cancel is the closing of the request's stream
         assert web.cancels[cancels:] == []
+
+
+@pytest.mark.stress
+def test_a_call_under_a_cancelled_mount_token_is_never_sent_however_threads_interleave(
+    fast_thread_switching: None,
+) -> None:
+    session = CancelSource()
+    session.cancel("over")
+    with (
+        http_upstream() as upstream,
+        ToolRegistry(max_workers=2) as registry,
+        mount(registry, upstream.url, token=session.token),
+    ):
+        results = [registry.execute("echo", {"text": "x"}) for _ in range(100)]
+    assert upstream.calls == []
+    assert all(r.error is not None and "cancelled: over" in r.error.message for r in results)
 
 
 def test_upstream_progress_reaches_report_progress_on_the_bodys_thread(

@@ -209,11 +209,13 @@ class Mount:
 
     def _wait(self, call: Call, ctx: ToolContext) -> tuple[str, Any]:
         """Start `call` on the loop and relay its progress until its outcome arrives."""
-        if not self._loop.call_soon(self._session.start_call, call):
-            raise self._unavailable("the mount is closed")
         watched = [ctx.token] if self._token is None else [ctx.token, self._token]
+        # Watched before the call is handed over: a token cancelled by now hands its cancel
+        # to the loop first, so the call's task sees it before it could send anything.
         cancels = [each.on_cancel(functools.partial(self._cancel, call, each)) for each in watched]
         try:
+            if not self._loop.call_soon(self._session.start_call, call):
+                raise self._unavailable("the mount is closed")
             while True:
                 kind, payload = call.events.get()
                 if kind != "progress":
