@@ -24,12 +24,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import anyio
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
+from typing_extensions import TypedDict
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

@@ -107,13 +107,6 @@ class Gateway:
 
 
 @pytest.fixture(scope="module")
-def fifos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fifos]:
-    made = Fifos(tmp_path_factory.mktemp("fifos"))
-    yield made
-    made.close()
-
-
-@pytest.fixture(scope="module")
 def web() -> Iterator[HttpUpstream]:
     with http_upstream() as upstream:
         yield upstream

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import ToolRegistry  # the public class, through the package (it loads with it)
 
-__all__ = ["HELP", "add_arguments", "load_registry", "run"]
+__all__ = ["HELP", "add_arguments", "load_registry", "run", "serve"]
 
 HELP = """\
 Serve the tools of a ToolRegistry over the Model Context Protocol (needs toolreg[mcp]).
@@ -87,6 +87,25 @@ def load_registry(target: str) -> tuple[ToolRegistry, bool]:
     )
 
 
+def serve(registry: ToolRegistry, args: argparse.Namespace) -> None:
+    """Serve `registry` as the command line says, until stopped; logs go to stderr."""
+    from . import mcp
+
+    # stderr is the log channel of a stdio server (stdout carries the protocol).
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    logging.getLogger("toolreg").setLevel(logging.INFO)
+    mcp.serve(
+        registry,
+        transport=args.transport,
+        host=args.host,
+        port=args.port,
+        path=args.path,
+        name=args.name,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until stopped; 0 after a clean stop, 2 for a bad target or a missing extra."""
     from . import _mcp_gateway
@@ -94,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if args.target is None or _mcp_gateway.wanted(args):
         return _mcp_gateway.run(args)  # --config, --log, --timeout: the gateway's options
     try:
-        from . import mcp
+        from . import mcp  # noqa: F401 - here, so that a missing extra is exit status 2
     except ImportError as exc:
         print(f"python -m toolreg mcp: {exc}", file=sys.stderr)
         return 2
@@ -103,20 +122,8 @@ def run(args: argparse.Namespace) -> int:
     except (ImportError, ValueError) as exc:
         print(f"python -m toolreg mcp: {exc}", file=sys.stderr)
         return 2
-    # stderr is the log channel of a stdio server (stdout carries the protocol).
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s"
-    )
-    logging.getLogger("toolreg").setLevel(logging.INFO)
     try:
-        mcp.serve(
-            registry,
-            transport=args.transport,
-            host=args.host,
-            port=args.port,
-            path=args.path,
-            name=args.name,
-        )
+        serve(registry, args)
     finally:
         if owned:
             registry.close()

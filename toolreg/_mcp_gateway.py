@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import re
 import sys
 from collections.abc import Mapping
@@ -120,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         policy = TimeoutPolicy(default=args.timeout) if args.timeout is not None else None
     except (ImportError, OSError, TypeError, ValueError) as exc:
         return _fail(str(exc), 2)
-    from ._mcp_cli import load_registry
+    from ._mcp_cli import load_registry, serve
 
     with ExitStack() as stack:
         try:
@@ -137,24 +136,8 @@ def run(args: argparse.Namespace) -> int:
                 stack.callback(mounted.close)
         except _MountFailed as exc:
             return _fail(str(exc), 1)
-        _log_to_stderr()
-        mcp.serve(
-            registry,
-            transport=args.transport,
-            host=args.host,
-            port=args.port,
-            path=args.path,
-            name=args.name,
-        )
+        serve(registry, args)
     return 0
-
-
-def _log_to_stderr() -> None:
-    """As the plain server does: stdout may carry the protocol, so logs go to stderr."""
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s"
-    )
-    logging.getLogger("toolreg").setLevel(logging.INFO)
 
 
 def _registry(target: str | None, stack: ExitStack, load: Any) -> ToolRegistry:
