@@ -17,14 +17,32 @@ figures are medians of wall time per call, ratios medians of per-round ratios. T
 runs on its own thread (an anyio blocking portal; a caller in the cross regime), entered once
 per timed run, not once per call.
 
-Last, the CPU the process spends while a client-cancelled call waits for an uncooperative body
+Then the CPU the process spends while a client-cancelled call waits for an uncooperative body
 (the handler's join): anyio re-delivers a cancel at every await of a cancelled scope, so a
 join that does not sleep shows up here as a share of a core.
+
+Last, the gateway (`python -m toolreg mcp --config`): what a second hop adds to a call. Real
+processes, as a client sees them: an upstream `python -m toolreg mcp
+benchmarks._mcp_upstream` (the same trivial tool), called by the SDK's client directly (the
+baseline, 1.00x) and through a gateway process that mounts it (target <= 1.30x), sequential
+calls, once over stdio (client to gateway to upstream, each a child process) and once over
+streamable HTTP (both servers on 127.0.0.1). The four variants are interleaved per round; the
+processes inherit the regime's CPUs from the thread that starts them, so the pinning of the
+regimes applies only loosely here. The row also shows the latency the gateway adds. With a
+tool that does nothing, that second hop is a whole MCP server and client, about the work of
+the direct call itself (a mounted call alone costs what the SDK's client does), so the ratio
+tends to 2x; it meets 1.30x once the upstream's own work per call is about three times the hop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -34,7 +52,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import mcp_types as types
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.server import Server
 from mcp.shared.exceptions import MCPError
 
@@ -189,6 +207,126 @@ def held_join_cpu(window: float) -> tuple[float, float]:
     return figures[0], figures[1]
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UPSTREAM = [sys.executable, "-m", "toolreg", "mcp", "benchmarks._mcp_upstream"]
+GATEWAY_TARGET = 1.30  # through the gateway / direct to the upstream
+SERVER_START = 60.0  # seconds a server process may take to announce its URL (loaded machine)
+
+
+@contextmanager
+def _http_server(*args: str) -> Iterator[str]:
+    """`python -m toolreg mcp ...` over streamable HTTP on a free port: its URL; stopped on exit."""
+    process = subprocess.Popen(
+        [*args, "--transport", "streamable-http", "--port", "0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert process.stderr is not None
+        for line in iter(process.stderr.readline, b""):
+            lines.put(line.decode(errors="replace"))
+
+    threading.Thread(target=pump, name="bench-server-stderr", daemon=True).start()
+    try:
+        limit = time.monotonic() + SERVER_START
+        line = ""
+        while " at http://" not in line:
+            line = lines.get(timeout=max(0.0, limit - time.monotonic()))
+        yield line.split(" at ", 1)[1].strip()
+    finally:
+        process.terminate()  # SIGTERM: the server joins its calls and exits 0
+        process.wait(SERVER_START)
+        assert process.stderr is not None
+        process.stderr.close()
+
+
+def _stdio(args: list[str]) -> StdioServerParameters:
+    return StdioServerParameters(command=args[0], args=args[1:], env={"PYTHONPATH": ROOT}, cwd=ROOT)
+
+
+def _gateway_config(directory: str, name: str, entry: dict[str, Any]) -> str:
+    path = os.path.join(directory, f"{name}.json")
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump({"mcpServers": {"up": entry}}, file)
+    return path
+
+
+def measure_gateway(quick: bool) -> Rounds:
+    """Seconds per sequential call, per round: direct and through a gateway, stdio and HTTP."""
+    repeats = 5 if quick else 15
+    calls = 50 if quick else 500
+    stdio_entry = {"command": UPSTREAM[0], "args": UPSTREAM[1:], "env": {"PYTHONPATH": ROOT}}
+    gateway = [sys.executable, "-m", "toolreg", "mcp", "--config"]
+    with (
+        tempfile.TemporaryDirectory() as directory,
+        _http_server(*UPSTREAM) as upstream_url,
+        _http_server(*gateway, _gateway_config(directory, "http", {"url": upstream_url})) as url,
+        _portal() as portal,
+    ):
+        config = _gateway_config(directory, "stdio", {**stdio_entry, "cwd": ROOT})
+        targets: dict[str, Any] = {
+            "direct to the upstream|stdio": _stdio(UPSTREAM),
+            "through the gateway|stdio": _stdio([*gateway, config]),
+            "direct to the upstream|streamable HTTP": upstream_url,
+            "through the gateway|streamable HTTP": url,
+        }
+
+        @asynccontextmanager
+        async def clients() -> AsyncIterator[dict[str, tuple[Client, str]]]:
+            async with contextlib.AsyncExitStack() as stack:
+                opened = {}
+                for key, target in targets.items():
+                    client = await stack.enter_async_context(Client(target))
+                    tool = "up.search" if key.startswith("through") else "search"
+                    opened[key] = (client, tool)
+                yield opened
+
+        async def sequential(client: Client, tool: str, n: int) -> None:
+            for _ in range(n):
+                await client.call_tool(tool, ARGUMENTS)
+
+        with portal.wrap_async_context_manager(clients()) as opened:
+            for client, tool in opened.values():  # warm up: threads, caches, listings
+                portal.call(sequential, client, tool, 20)
+
+            def timed(client: Client, tool: str) -> Callable[[], float]:
+                return lambda: (
+                    timed_once(lambda n: portal.call(sequential, client, tool, n), calls) / calls
+                )
+
+            return interleaved({key: timed(*pair) for key, pair in opened.items()}, repeats)
+
+
+def gateway_rows(quick: bool) -> list[Row]:
+    """Per transport: the direct call (baseline) and the call through the gateway, with the
+    latency the gateway adds (median of the per-round differences)."""
+    medians = measure_gateway(quick)
+    rows = []
+    for transport in ("stdio", "streamable HTTP"):
+        base = f"direct to the upstream|{transport}"
+        through = f"through the gateway|{transport}"
+        factor = medians.ratio(through, base)
+        added = medians.difference(through, base)
+        direct = f"{format_time(medians[base])}/call"
+        rows.append(
+            Row(f"MCP call direct to the upstream, {transport} (baseline)", direct, "1.00x")
+        )
+        rows.append(
+            Row(
+                f"the same call through the gateway, {transport}",
+                f"{format_time(medians[through])}/call (+{format_time(added)})",
+                f"{factor:.2f}x",
+                f"<= {GATEWAY_TARGET:.2f}x",
+                verdict(factor, GATEWAY_TARGET),
+            )
+        )
+    return rows
+
+
 def run(quick: bool) -> list[Row]:
     """Measure and return the table's rows."""
     medians = measure(quick)
@@ -221,6 +359,7 @@ def run(quick: bool) -> list[Row]:
             "",  # a share of the CPU: against nothing
         )
     )
+    rows.extend(gateway_rows(quick))
     return rows
 
 

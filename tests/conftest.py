@@ -10,11 +10,15 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from _registry_helpers import Observed, gc_paused, open_registry
 
 from toolreg import ToolRegistry, deadline
+
+if TYPE_CHECKING:
+    from _mcp_upstreams import Fifos
 
 _FD_DIR = "/proc/self/fd"
 # The signals whose handlers tests (or what they run: asyncio, anyio, toolreg's own deferrals)
@@ -113,3 +117,13 @@ def fast_thread_switching() -> Iterator[None]:
         yield
     finally:
         sys.setswitchinterval(previous)
+
+
+@pytest.fixture(scope="module")
+def fifos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fifos]:
+    """The report and release FIFOs of the `mcp_upstream` bodies (see `_mcp_upstreams`)."""
+    from _mcp_upstreams import Fifos  # here: it imports the MCP SDK, which may be missing
+
+    made = Fifos(tmp_path_factory.mktemp("fifos"))
+    yield made
+    made.close()

@@ -60,7 +60,7 @@ def unwritable_dir(tmp_path: Path) -> str:
         (["report", "{log}"], "the following arguments are required: -o/--output"),
         (["report", "{log}", "-o", "{out}", "--since", "soon"], "not an ISO 8601 time: 'soon'"),
         (["report", "{log}", "-o", "{out}", "--max-bars", "0"], "not a whole number >= 1"),
-        (["mcp"], "the following arguments are required: TARGET"),
+        (["mcp"], "give a TARGET registry, --config FILE, or both"),
         (["mcp", "mcp_fixture", "--port", "99999"], "not a port number 0-65535"),
         (["mcp", "mcp_fixture", "--port", "http"], "not a port number 0-65535"),
         (["mcp", "mcp_fixture", "--transport", "sse"], "invalid choice: 'sse'"),

@@ -112,7 +112,16 @@ MODULES = {
         "ResultLog",
     ],
     "toolreg.process": ["ProcessError", "ProcessResult", "run", "scrubbed_env"],
-    "toolreg.mcp": ["RequestCancelled", "build_server", "serve"],
+    "toolreg.mcp": [
+        "Mount",
+        "RequestCancelled",
+        "UpstreamError",
+        "UpstreamToolError",
+        "UpstreamUnavailable",
+        "build_server",
+        "mount",
+        "serve",
+    ],
     "toolreg.adapters": [],
     "toolreg.providers": [],
     "toolreg.providers.anthropic": [

@@ -205,7 +205,16 @@ def test_importing_toolreg_never_imports_the_mcp_sdk() -> None:
 def test_the_public_names_of_toolreg_mcp_are_pinned() -> None:
     import toolreg.mcp
 
-    assert toolreg.mcp.__all__ == ["RequestCancelled", "build_server", "serve"]
+    assert toolreg.mcp.__all__ == [
+        "Mount",
+        "RequestCancelled",
+        "UpstreamError",
+        "UpstreamToolError",
+        "UpstreamUnavailable",
+        "build_server",
+        "mount",
+        "serve",
+    ]
 
 
 def test_build_server_and_serve_refuse_bad_arguments_before_anything_runs() -> None:

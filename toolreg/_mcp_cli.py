@@ -17,7 +17,7 @@ from typing import Any
 from . import ToolRegistry  # the public class, through the package (it loads with it)
 from ._cli import UsageError
 
-__all__ = ["EXAMPLES", "HELP", "add_arguments", "load_registry", "run"]
+__all__ = ["EXAMPLES", "HELP", "add_arguments", "load_registry", "run", "serve"]
 
 HELP = """\
 Serve the tools of a ToolRegistry over the Model Context Protocol (needs the mcp extra:
@@ -28,6 +28,10 @@ zero-argument callable returning one. stdio by default (for desktop and IDE clie
 to stderr. EOF on stdin, SIGTERM or SIGINT cancels the calls in flight, waits for their bodies,
 then exits 0.
 
+As a gateway, --config FILE reads a client configuration ({"mcpServers": {name: {...}}}),
+mounts each upstream server's tools as name.<tool>, and serves them (with TARGET's, if given)
+as one server: one catalog, one cancellation contract, --log and --timeout for every call.
+
 client configuration (stdio):
   {"mcpServers": {"tools": {"command": "/path/to/.venv/bin/python",
                             "args": ["-m", "toolreg", "mcp", "myapp.tools:registry"]}}}
@@ -37,14 +41,18 @@ EXAMPLES = """\
 examples:
   python -m toolreg mcp myapp.tools:registry       # stdio, for desktop and IDE clients
   python -m toolreg mcp myapp.tools --transport streamable-http --port 8000
-      # serves http://127.0.0.1:8000/mcp"""
+      # serves http://127.0.0.1:8000/mcp
+  python -m toolreg mcp --config servers.json --log calls.jsonl --timeout 60
+      # a gateway to the servers of servers.json"""
 
 _HTTP_DEFAULTS = {"host": "127.0.0.1", "port": 8000, "path": "/mcp"}  # HTTP-only options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `mcp` subcommand's arguments."""
-    parser.add_argument("target", metavar="TARGET", help="module:attribute of the registry")
+    parser.add_argument(
+        "target", metavar="TARGET", nargs="?", help="module:attribute of the registry"
+    )
     parser.add_argument(
         "--transport",
         choices=("stdio", "streamable-http"),
@@ -56,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=_port, help="HTTP: port (default 8000; 0: any free port)")
     parser.add_argument("--path", type=_path, help="HTTP: endpoint path (default /mcp)")
     parser.add_argument("--name", default="toolreg", help="server name shown to clients")
+    from . import _mcp_gateway  # --config, --log, --timeout, --cancel-grace
+
+    _mcp_gateway.add_arguments(parser)
 
 
 def _host(text: str) -> str:
@@ -122,19 +133,14 @@ def load_registry(target: str) -> tuple[ToolRegistry, bool]:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    """Serve until stopped; 0 after a clean stop, 1 if it cannot listen, 2 for a bad target, a
-    misplaced option or a missing extra."""
+def serve(registry: ToolRegistry, args: argparse.Namespace) -> int:
+    """Serve `registry` as the command line says, until stopped; logs go to stderr.
+
+    0 after a clean stop, 1 if it cannot listen on the address asked for.
+    """
+    from . import mcp
+
     http = _http_options(args)
-    try:
-        from . import mcp
-    except ImportError as exc:
-        print(f"python -m toolreg mcp: {exc}", file=sys.stderr)
-        return 2
-    try:
-        registry, owned = load_registry(args.target)
-    except (ImportError, ValueError) as exc:
-        raise UsageError(f"TARGET {args.target}: {exc}") from None
     # stderr is the log channel of a stdio server (stdout carries the protocol).
     logging.basicConfig(
         stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s"
@@ -146,7 +152,28 @@ def run(args: argparse.Namespace) -> int:
         where = f"{http['host']}:{http['port']}"
         print(f"python -m toolreg mcp: cannot serve on {where}: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until stopped; 0 after a clean stop, 1 if it cannot listen (or an upstream cannot
+    be mounted), 2 for a bad target, a misplaced option or a missing extra."""
+    from . import _mcp_gateway
+
+    _http_options(args)  # a misplaced HTTP option is refused before anything loads
+    if args.target is None or _mcp_gateway.wanted(args):
+        return _mcp_gateway.run(args)  # --config, --log, --timeout: the gateway's options
+    try:
+        from . import mcp  # noqa: F401 - here, so that a missing extra is exit status 2
+    except ImportError as exc:
+        print(f"python -m toolreg mcp: {exc}", file=sys.stderr)
+        return 2
+    try:
+        registry, owned = load_registry(args.target)
+    except (ImportError, ValueError) as exc:
+        raise UsageError(f"TARGET {args.target}: {exc}") from None
+    try:
+        return serve(registry, args)
     finally:
         if owned:
             registry.close()
-    return 0

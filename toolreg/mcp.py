@@ -3,7 +3,10 @@
 `build_server(registry)` returns the official SDK's low-level `mcp.server.Server`, whose
 `tools/list` is the registry's `mcp` catalog and whose `tools/call` runs a model-driven call
 with toolreg's cancellation contract; `serve(registry)` runs it over stdio or streamable HTTP;
-`python -m toolreg mcp package.module:registry` does that from the command line.
+`python -m toolreg mcp package.module:registry` does that from the command line. The other
+direction: `mount(registry, upstream)` registers the tools of an upstream MCP server in a
+registry, and `python -m toolreg mcp --config servers.json` serves several upstreams (and an
+optional local registry) as one server, a gateway.
 
 What a client's cancel does. Everything that ends a request on the client's side cancels
 that request's own `CancelSource`: `notifications/cancelled` (the client's cancel, or its read
@@ -59,11 +62,26 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from . import ToolRegistry  # the public class, through the package (it loads with it)
 from ._cancel import CancelToken
 from ._mcp_bridge import Bridge, Connection
+from ._mcp_mount import Mount, mount
 from ._mcp_results import RequestCancelled
+from ._mcp_upstream import UpstreamError, UpstreamToolError, UpstreamUnavailable
 
-__all__ = ["RequestCancelled", "build_server", "serve"]
+__all__ = [
+    "Mount",
+    "RequestCancelled",
+    "UpstreamError",
+    "UpstreamToolError",
+    "UpstreamUnavailable",
+    "build_server",
+    "mount",
+    "serve",
+]
 
-RequestCancelled.__module__ = __name__  # reported where users import it from
+# Reported where users import them from.
+for _public in (Mount, RequestCancelled, UpstreamError, UpstreamToolError, UpstreamUnavailable):
+    _public.__module__ = __name__
+mount.__module__ = __name__
+del _public
 
 Transport = Literal["stdio", "streamable-http"]
 
