@@ -820,12 +820,12 @@ def test_stdio_serves_the_sdk_client_and_stray_output_never_corrupts_the_stream(
 
 
 class RawServer:
-    """`python -m toolreg mcp mcp_fixture` spoken to in raw JSON-RPC lines."""
+    """`python -m toolreg mcp mcp_fixture` (or `target`) spoken to in raw JSON-RPC lines."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, target: str = "mcp_fixture") -> None:
         self.release_read, self.release_write = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "toolreg", "mcp", "mcp_fixture", *args],
+            [sys.executable, "-m", "toolreg", "mcp", target, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -911,8 +911,8 @@ def _pump_lines(stream: Any, lines: queue.Queue[bytes]) -> None:
 
 
 @contextmanager
-def raw_server(*args: str) -> Iterator[RawServer]:
-    server = RawServer(*args)
+def raw_server(*args: str, target: str = "mcp_fixture") -> Iterator[RawServer]:
+    server = RawServer(*args, target=target)
     try:
         yield server
     finally:

@@ -58,8 +58,9 @@ from . import ToolRegistry  # the public class, through the package (it loads wi
 from ._cancel import CancelSource, CancelToken
 from ._helper import HELPER
 from ._mcp_loop import ProgressPump
-from ._mcp_results import RequestCancelled, RequestId, answer
+from ._mcp_results import RequestCancelled, RequestId, answer, wire_json, wire_text
 from ._results import ToolCall, ToolResult
+from ._text import safe_str
 from .adapters._common import wait_settled
 from .aio import AsyncToolRegistry
 
@@ -144,7 +145,7 @@ class Bridge:
         tools = []
         for schema in self._registry.catalog().schemas("mcp"):
             try:
-                tools.append(types.Tool.model_validate(schema))
+                tools.append(types.Tool.model_validate(wire_json(schema)))
             except ValueError as exc:  # pydantic's ValidationError
                 logger.warning("toolreg: MCP tools/list leaves out %r: %s", schema["name"], exc)
         return types.ListToolsResult(tools=tools)
@@ -238,7 +239,8 @@ class Bridge:
             return running.result()
         except Exception as exc:  # a closed registry, a refusing executor
             logger.error("toolreg: MCP request %r could not run: %s", request_id, exc)
-            raise MCPError(types.INTERNAL_ERROR, f"the call could not run: {exc}") from exc
+            message = wire_text(f"the call could not run: {safe_str(exc)}")
+            raise MCPError(types.INTERNAL_ERROR, message) from exc
 
     async def _never_admitted(
         self, request: _Request, request_id: RequestId, call: ToolCall, source: CancelSource

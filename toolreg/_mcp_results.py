@@ -1,8 +1,15 @@
-"""What an MCP client gets: the answer for a settled call, and the reason a cancel carries."""
+"""What an MCP client gets: the answer for a settled call, and the reason a cancel carries.
+
+Everything toolreg puts on the wire goes through `wire_text` or `wire_json`. UTF-8 cannot carry
+a surrogate code point, which is what `os.fsdecode` makes of a file name byte that is not UTF-8;
+the SDK's writer fails on one, and the request would never be answered. Each is written as the
+six characters of its escape instead (a backslash, `u`, four hex digits: `udce9` for 0xE9).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -12,9 +19,30 @@ from mcp.shared.exceptions import MCPError
 
 from ._results import ErrorCode, ToolResult
 
-__all__ = ["RequestCancelled", "RequestId", "answer"]
+__all__ = ["RequestCancelled", "RequestId", "answer", "wire_json", "wire_text"]
 
 RequestId = str | int
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def wire_text(text: str) -> str:
+    """`text` with each surrogate code point replaced by the text of its `\\uXXXX` escape."""
+    if text.isascii():
+        return text
+    return _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
+def wire_json(value: Any) -> Any:
+    """A plain JSON copy of `value` whose strings (keys too) went through `wire_text`, or None
+    if it is not JSON (mappings become objects)."""
+    try:
+        text = json.dumps(value, default=_plain, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    # Unescaped, a surrogate can only stand inside a string: write it as an escaped backslash
+    # and the escape's letters, which decode to the escape's text.
+    return json.loads(_SURROGATE.sub(lambda found: f"\\\\u{ord(found.group()):04x}", text))
 
 
 @dataclass(frozen=True)
@@ -47,29 +75,22 @@ def answer(result: ToolResult[Any]) -> types.CallToolResult:
     """The MCP answer for a settled call (the mapping in `toolreg.mcp`'s docstring)."""
     error = result.error
     if error is not None and error.code == ErrorCode.UNKNOWN_TOOL:
-        raise MCPError(types.INVALID_PARAMS, error.message)
+        raise MCPError(types.INVALID_PARAMS, wire_text(error.message))
     meta: dict[str, Any] = {
         "toolreg/code": None if error is None else error.code.value,
         "toolreg/dispatched": result.dispatched,
         "toolreg/callId": result.call.call_id,
     }
     if result.contexts:
-        contexts = _json_copy(list(result.contexts))
+        contexts = wire_json(list(result.contexts))
         if contexts is not None:
             meta["toolreg/contexts"] = contexts
-    content: list[types.ContentBlock] = [types.TextContent(type="text", text=result.content)]
+    text = wire_text(result.content)
+    content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)]
     if error is not None:
         return types.CallToolResult(content=content, is_error=True, _meta=meta)
-    structured = _json_copy(result.value) if isinstance(result.value, Mapping) else None
+    structured = wire_json(result.value) if isinstance(result.value, Mapping) else None
     return types.CallToolResult(content=content, structured_content=structured, _meta=meta)
-
-
-def _json_copy(value: Any) -> Any:
-    """A plain JSON copy of `value` (mappings become objects), or None if it is not JSON."""
-    try:
-        return json.loads(json.dumps(value, default=_plain, allow_nan=False))
-    except (TypeError, ValueError, RecursionError):
-        return None
 
 
 def _plain(value: Any) -> Any:

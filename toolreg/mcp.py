@@ -58,7 +58,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from . import ToolRegistry  # the public class, through the package (it loads with it)
 from ._cancel import CancelToken
 from ._mcp_bridge import Bridge, Connection
-from ._mcp_results import RequestCancelled
+from ._mcp_results import RequestCancelled, wire_text
 
 __all__ = ["RequestCancelled", "build_server", "serve"]
 
@@ -154,9 +154,9 @@ def _build(
         yield Connection()  # one per Server.run (a stdio or in-memory connection), one per app
 
     server: Server[Connection] = Server(
-        name,
-        version=version if version is not None else _own_version(),
-        instructions=instructions,
+        wire_text(name),  # argv, say, may hold text UTF-8 cannot carry
+        version=wire_text(version) if version is not None else _own_version(),
+        instructions=wire_text(instructions) if instructions is not None else None,
         lifespan=connection,
         get_tool_input_schema=bridge.input_schema,
         on_list_tools=bridge.list_tools,
