@@ -822,7 +822,7 @@ def test_stdio_serves_the_sdk_client_and_stray_output_never_corrupts_the_stream(
 class RawServer:
     """`python -m toolreg mcp mcp_fixture` (or `target`) spoken to in raw JSON-RPC lines."""
 
-    def __init__(self, *args: str, target: str = "mcp_fixture") -> None:
+    def __init__(self, *args: str, target: str = "mcp_fixture", read_stdout: bool = True) -> None:
         self.release_read, self.release_write = os.pipe()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "toolreg", "mcp", target, *args],
@@ -837,7 +837,10 @@ class RawServer:
         self.err: queue.Queue[bytes] = queue.Queue()
         self.received: list[dict[str, Any]] = []
         self.errors: list[str] = []
-        for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
+        pumped = [(self.proc.stderr, self.err)]
+        if read_stdout:  # else the test reads (or closes) stdout itself
+            pumped.append((self.proc.stdout, self.out))
+        for stream, lines in pumped:
             threading.Thread(target=_pump_lines, args=(stream, lines), daemon=True).start()
 
     def send(self, message: dict[str, Any]) -> None:
@@ -911,8 +914,10 @@ def _pump_lines(stream: Any, lines: queue.Queue[bytes]) -> None:
 
 
 @contextmanager
-def raw_server(*args: str, target: str = "mcp_fixture") -> Iterator[RawServer]:
-    server = RawServer(*args, target=target)
+def raw_server(
+    *args: str, target: str = "mcp_fixture", read_stdout: bool = True
+) -> Iterator[RawServer]:
+    server = RawServer(*args, target=target, read_stdout=read_stdout)
     try:
         yield server
     finally:

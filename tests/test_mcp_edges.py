@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -142,3 +143,110 @@ def test_streamable_http_answers_a_lone_surrogate_escaped(mode: str) -> None:
     assert broken.content[0].model_dump()["text"] == f"Error: OSError: {LATIN1_NAME_ON_THE_WIRE}"
     assert messages in ([LATIN1_NAME_ON_THE_WIRE], [])  # progress may be coalesced away
     assert observed.codes == [None, ErrorCode.TOOL_ERROR]
+
+
+# -- stdio: a client that misbehaves ---------------------------------------------------------------
+
+
+def read_line(server: RawServer) -> bytes:
+    """One line of the server's stdout, read by the test itself (no pump thread holds it)."""
+    assert server.proc.stdout is not None
+    fd = server.proc.stdout.fileno()
+    line = b""
+    while not line.endswith(b"\n"):
+        assert select.select([fd], [], [], WAIT)[0], "no output"
+        chunk = os.read(fd, 1)
+        assert chunk, "the server closed stdout"
+        line += chunk
+    return line
+
+
+def test_stdio_a_client_that_stops_reading_is_a_clean_disconnect() -> None:
+    with raw_server(read_stdout=False) as server:
+        params = {"protocolVersion": "2025-11-25", "capabilities": {}}
+        params["clientInfo"] = {"name": "raw", "version": "0"}
+        server.send({"id": 0, "method": "initialize", "params": params})
+        assert json.loads(read_line(server))["id"] == 0
+        server.send({"method": "notifications/initialized"})
+        server.send(call(1, "held"))
+        assert server.expect("BODY STARTED").startswith("mcp:1:")
+        assert server.proc.stdout is not None
+        server.proc.stdout.close()  # the client stops reading, and its read end is gone
+        server.send(call(2, "add", a=1, b=2))  # answering it finds the pipe broken
+        cancelled = server.expect("BODY CANCELLED")
+        assert cancelled == "MCP request 1 ended: the client disconnected or the connection closed"
+        server.release()
+        status = server.proc.wait(timeout=WAIT)
+        after = server.rest_of_stderr()
+    assert status == 0
+    assert after[0] == "BODY ENDED"
+    assert "stopped (stdio); every call settled" in after[-2]
+    assert not any("Traceback" in line or "Error" in line for line in server.errors + after)
+
+
+def test_stdio_a_request_beyond_the_parsers_limits_is_answered_for_its_id() -> None:
+    deep = {"a": json.loads("[" * 200 + "]" * 200)}
+    with raw_server() as server:
+        server.initialize()
+        # Nested 200 levels deep, or holding a 5,000-digit integer: valid JSON, beyond the
+        # SDK parser's limits.
+        server.send(call(5, "add", **deep))
+        assert server.answer(5)["error"]["code"] == types.INVALID_PARAMS
+        assert server.proc.stdin is not None
+        huge = '{"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "add", '
+        huge += '"arguments": {"a": ' + "9" * 5000 + ', "b": 1}}}\n'
+        server.proc.stdin.write(huge.encode())
+        server.proc.stdin.flush()
+        refused = server.answer(6)["error"]
+        assert refused["code"] == types.INVALID_PARAMS
+        assert "number out of range" in refused["message"]
+        # A notification the parser cannot read is never answered; neither is a blank line.
+        cancel = {"method": "notifications/cancelled", "params": {"requestId": 1, "x": deep}}
+        server.send(cancel)
+        server.proc.stdin.write(b"\n")
+        # Not JSON at all, or not a message: answered with a null id.
+        server.proc.stdin.write(b"{this is not json\n")
+        server.proc.stdin.flush()
+        assert server.answer(None)["error"]["code"] == types.PARSE_ERROR  # type: ignore[arg-type]
+        server.send({"id": 7, "method": 42})
+        assert server.answer(7)["error"]["code"] == types.INVALID_REQUEST
+        server.send(call(8, "add", a=1, b=2))
+        assert server.answer(8)["result"]["structuredContent"] == {"sum": 3}
+        server.proc.stdin.close()
+        status, written = server.finish()
+    assert status == 0
+    assert written == []
+
+
+def test_stdio_output_a_tool_left_buffered_never_reaches_the_wire_after_serving(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)  # sys.stdout buffers, as by default
+    with raw_server(target="mcp_edges_fixture") as server:
+        server.initialize()
+        server.send(call(1, "buffered_print"))
+        assert text_of(server.answer(1)) == "printed"
+        assert server.proc.stdin is not None
+        server.proc.stdin.close()
+        status = server.proc.wait(timeout=WAIT)
+        after_serving = []
+        while line := server.out.get(timeout=WAIT):
+            after_serving.append(line)
+        stderr = server.rest_of_stderr()
+    assert status == 0
+    assert after_serving == []  # the wire carried nothing after the last answer
+    assert "stray output a tool left in sys.stdout's buffer" in server.errors + stderr
+
+
+def test_stdio_an_answer_that_cannot_be_encoded_becomes_an_error_for_its_request() -> None:
+    from toolreg._mcp_stdio import _encode
+
+    unencodable = types.JSONRPCResponse(jsonrpc="2.0", id=3, result={"text": LATIN1_NAME})
+    line = _encode(unencodable)
+    assert line is not None and line.endswith(b"\n")
+    error = json.loads(line)
+    assert error["id"] == 3 and error["error"]["code"] == types.INTERNAL_ERROR
+    notification = types.JSONRPCNotification(
+        jsonrpc="2.0", method="notifications/message", params={"data": LATIN1_NAME}
+    )
+    assert _encode(notification) is None  # dropped (and logged): it answers nothing

@@ -99,12 +99,14 @@ def serve(
 
     `"stdio"`: the protocol runs on the process's stdin and stdout; while serving, fd 0 reads
     from the null device and fd 1 writes to stderr, so a tool's `print()` or a child process's
-    output never corrupts the stream. EOF on stdin, SIGTERM or SIGINT cancels every call in
-    flight and joins it (those requests are not answered: the connection is closing), then
-    `serve` returns. `"streamable-http"`: uvicorn on `host:port` (127.0.0.1 by default) at
-    `path`; SIGTERM or SIGINT cancels and joins the calls, then stops the server. Signals are
-    handled only when `serve` runs on the main thread. Never closes the registry. Call it from
-    synchronous code (it runs its own event loop); inside a loop use `build_server`.
+    output never corrupts the stream. EOF on stdin, SIGTERM, SIGINT or a client that stopped
+    reading cancels every call in flight and joins it (those requests are not answered: the
+    connection is closing), then `serve` returns. A line that cannot be read is answered with an
+    error (for its id when it can be read). `"streamable-http"`: uvicorn on `host:port`
+    (127.0.0.1 by default) at `path`; SIGTERM or SIGINT cancels and joins the calls, then stops
+    the server. Signals are handled only when `serve` runs on the main thread. Never closes the
+    registry. Call it from synchronous code (it runs its own event loop); inside a loop use
+    `build_server`.
     """
     if transport not in ("stdio", "streamable-http"):
         raise ValueError(f"transport must be 'stdio' or 'streamable-http', got {transport!r}")
@@ -114,9 +116,17 @@ def serve(
     from . import _mcp_transports
 
     if transport == "stdio":
-        lines = _mcp_transports.StdinLines()  # takes fd 0 over until restore()
+        from ._mcp_stdio import StdinLines, StdoutLines
+
+        lines = StdinLines()  # takes fd 0 over until restore()
         try:
-            anyio.run(_mcp_transports.serve_stdio, server, bridge, lines, backend="asyncio")
+            out = StdoutLines()  # takes fd 1 over until restore()
+            try:
+                anyio.run(
+                    _mcp_transports.serve_stdio, server, bridge, lines, out, backend="asyncio"
+                )
+            finally:
+                out.restore()
         finally:
             lines.restore()
     else:
