@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -250,3 +251,80 @@ def test_stdio_an_answer_that_cannot_be_encoded_becomes_an_error_for_its_request
         jsonrpc="2.0", method="notifications/message", params={"data": LATIN1_NAME}
     )
     assert _encode(notification) is None  # dropped (and logged): it answers nothing
+
+
+# -- streamable HTTP: DNS rebinding ---------------------------------------------------------------
+
+
+def http_address(server: RawServer) -> tuple[str, int]:
+    """Read the server's stderr up to the line announcing its URL; (host, port) it listens on."""
+    line = server.expect("")
+    while "MCP server 'toolreg' at http://" not in line:
+        line = server.expect("")
+    where = line.split(" at http://", 1)[1].split("/", 1)[0]
+    host, _, port = where.rpartition(":")
+    return host, int(port)
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
+
+
+def post_status(port: int, headers: dict[str, str], body: object = INITIALIZE) -> int:
+    import httpx
+
+    accept = {"Accept": "application/json, text/event-stream"}
+    url = f"http://127.0.0.1:{port}/mcp"
+    response = httpx.post(url, json=body, headers={**accept, **headers}, timeout=WAIT)
+    return response.status_code
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_streamable_http_refuses_foreign_origins_and_hosts_whatever_the_bind_address(
+    host: str,
+) -> None:
+    allow = ["--allow-origin", "https://app.example", "--allow-host", "tools.example"]
+    with raw_server("--transport", "streamable-http", "--host", host, "--port", "0", *allow) as (
+        server
+    ):
+        bound, port = http_address(server)
+        assert bound == host
+        warned = [line for line in server.errors if "beyond loopback" in line]
+        if host == "127.0.0.1":
+            assert warned == []
+        else:
+            assert len(warned) == 1
+            assert "anyone who can reach it can list and call every tool" in warned[0]
+            assert "https://app.example" in warned[0] and "tools.example" in warned[0]
+        assert post_status(port, {}) == 200  # no Origin: not a browser
+        assert post_status(port, {"Origin": f"http://localhost:{port}"}) == 200
+        assert post_status(port, {"Origin": "https://app.example"}) == 200
+        assert post_status(port, {"Origin": "http://evil.example"}) == 403
+        assert post_status(port, {"Origin": "null"}) == 403
+        assert post_status(port, {"Host": f"tools.example:{port}"}) == 200
+        assert post_status(port, {"Host": f"evil.example:{port}"}) == 421
+        # The per-request (2026) wire is checked the same way.
+        modern = {"Origin": "http://evil.example", "Mcp-Protocol-Version": "2026-07-28"}
+        assert post_status(port, modern, call(1, "add", a=1, b=1)) == 403
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=WAIT) == 0
+
+
+def test_serve_refuses_allowed_hosts_or_origins_that_are_not_lists_of_names() -> None:
+    from toolreg.mcp import serve
+
+    with served() as (registry, _):
+        with pytest.raises(TypeError, match="allowed_origins must be an iterable of str"):
+            serve(registry, allowed_origins="https://app.example")
+        with pytest.raises(ValueError, match="allowed_hosts must hold non-empty str"):
+            serve(registry, allowed_hosts=["tools.example", ""])
+        with pytest.raises(ValueError, match="allowed_hosts"):
+            serve(registry, allowed_hosts=[" tools.example"])

@@ -49,6 +49,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--path", default="/mcp", help="HTTP: endpoint path (default /mcp)")
     parser.add_argument("--name", default="toolreg", help="server name shown to clients")
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="HTTP: a browser origin allowed besides loopback ones, e.g. https://app.example "
+        "(repeatable; others get 403)",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="HTTP: a Host header allowed besides loopback names and the bind address, e.g. "
+        "tools.example or tools.example:8000 (repeatable; others get 421)",
+    )
 
 
 def load_registry(target: str) -> tuple[ToolRegistry, bool]:
@@ -107,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             path=args.path,
             name=args.name,
+            allowed_hosts=args.allow_host,
+            allowed_origins=args.allow_origin,
         )
     finally:
         if owned:

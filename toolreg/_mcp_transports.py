@@ -13,10 +13,13 @@ own signal handling: a signal marks the bridge as stopping and asks uvicorn to e
 graceful wait for open streams (a streamed `tools/call` would otherwise keep the server up
 until it finished by itself): uvicorn cancels the open requests, the lifespan shutdown closes
 the sessions, the calls are cancelled and joined, and `serve` waits until every handler is done.
+The SDK's DNS-rebinding protection (`Host` and `Origin` checks) is on whatever the bind address
+(`transport_security`); the SDK itself turns it on only for a loopback one.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import signal
 import socket
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from mcp.server import Server
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import SessionMessage
 
 from ._mcp_bridge import Bridge, Connection
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
     import uvicorn
     from typing_extensions import Self
 
-__all__ = ["WriteGate", "serve_http", "serve_stdio"]
+__all__ = ["WriteGate", "is_loopback", "serve_http", "serve_stdio", "transport_security"]
 
 logger = logging.getLogger("toolreg")
 
@@ -64,14 +68,25 @@ async def serve_stdio(
 
 
 async def serve_http(
-    server: Server[Connection], bridge: Bridge, host: str, port: int, path: str
+    server: Server[Connection],
+    bridge: Bridge,
+    host: str,
+    port: int,
+    path: str,
+    allowed_hosts: tuple[str, ...] = (),
+    allowed_origins: tuple[str, ...] = (),
 ) -> None:
     """Serve streamable HTTP on uvicorn until a signal; every call joined on return."""
     import uvicorn  # here: the stdio server never needs it
 
-    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    security = transport_security(host, allowed_hosts, allowed_origins)
+    app = server.streamable_http_app(
+        streamable_http_path=path, host=host, transport_security=security
+    )
     with _bound(host, port) as sock:
         bound = sock.getsockname()[1]
+        if not is_loopback(host):
+            _warn_exposed(server.name, host, bound, security)
         config = uvicorn.Config(
             app,
             host=host,
@@ -94,6 +109,69 @@ async def serve_http(
             group.cancel_scope.cancel()
     await bridge.wait_idle()
     logger.info("toolreg: MCP server %r stopped (streamable-http); every call settled", server.name)
+
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def transport_security(
+    host: str, allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...]
+) -> TransportSecuritySettings:
+    """The SDK's DNS-rebinding protection, on whatever the bind address.
+
+    A request is refused unless its `Host` is a loopback name, the bind address itself (when it
+    names one interface) or one of `allowed_hosts` (421), and unless its `Origin`, when it has
+    one, is a loopback origin or one of `allowed_origins` (403). A host given without a port
+    matches any port.
+    """
+    named = [*LOOPBACK_NAMES, *allowed_hosts]
+    if not is_loopback(host) and host not in ("0.0.0.0", "::"):
+        named.append(host)
+    hosts = [pattern for name in named for pattern in _host_patterns(name)]
+    origins = [
+        f"{scheme}://{name}{port}"
+        for name in LOOPBACK_NAMES
+        for scheme in ("http", "https")
+        for port in ("", ":*")
+    ]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=list(dict.fromkeys(hosts)),
+        allowed_origins=list(dict.fromkeys((*origins, *allowed_origins))),
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """True for a bind address that only this machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name other than localhost: it may resolve anywhere
+        return False
+
+
+def _host_patterns(host: str) -> list[str]:
+    """The `Host` header values `host` stands for: itself, and any port when it names none."""
+    if host.count(":") > 1 and not host.startswith("["):  # a bare IPv6 address
+        host = f"[{host}]"
+    if host.endswith("]") or ":" not in host:
+        return [host, f"{host}:*"]
+    return [host]
+
+
+def _warn_exposed(name: str, host: str, port: int, security: TransportSecuritySettings) -> None:
+    logger.warning(
+        "toolreg: MCP server %r listens on %s port %d, beyond loopback: anyone who can reach it "
+        "can list and call every tool, without authentication. Requests are refused unless "
+        "their Host is one of %s and their Origin (if any) one of %s; allow more with "
+        "--allow-host and --allow-origin",
+        name,
+        host,
+        port,
+        ", ".join(security.allowed_hosts),
+        ", ".join(security.allowed_origins),
+    )
 
 
 def _uvicorn_server(config: uvicorn.Config) -> uvicorn.Server:

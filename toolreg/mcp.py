@@ -44,7 +44,7 @@ Example::
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -93,6 +93,9 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     path: str = "/mcp",
+    *,
+    allowed_hosts: Iterable[str] = (),
+    allowed_origins: Iterable[str] = (),
     **build_kw: Any,
 ) -> None:
     """Serve `registry` over MCP until stopped; blocks. `build_kw` goes to `build_server`.
@@ -107,11 +110,19 @@ def serve(
     the server. Signals are handled only when `serve` runs on the main thread. Never closes the
     registry. Call it from synchronous code (it runs its own event loop); inside a loop use
     `build_server`.
+
+    HTTP requests are checked against DNS rebinding, whatever the bind address: one whose
+    `Origin` (a browser's page) is not a loopback origin or one of `allowed_origins` is refused
+    with 403, one whose `Host` is not a loopback name, the bind address or one of
+    `allowed_hosts` (a host without a port matches any port) with 421. Binding beyond loopback
+    logs a warning saying what is exposed to whom.
     """
     if transport not in ("stdio", "streamable-http"):
         raise ValueError(f"transport must be 'stdio' or 'streamable-http', got {transport!r}")
     if transport == "streamable-http":
         _check_http(host, port, path)
+    hosts = _allowed(allowed_hosts, "allowed_hosts")
+    origins = _allowed(allowed_origins, "allowed_origins")
     server, bridge = _build(registry, **build_kw)
     from . import _mcp_transports
 
@@ -130,7 +141,8 @@ def serve(
         finally:
             lines.restore()
     else:
-        anyio.run(_mcp_transports.serve_http, server, bridge, host, port, path, backend="asyncio")
+        serve_http = _mcp_transports.serve_http
+        anyio.run(serve_http, server, bridge, host, port, path, hosts, origins, backend="asyncio")
 
 
 def _build(
@@ -192,3 +204,14 @@ def _check_http(host: object, port: object, path: object) -> None:
         raise ValueError(f"port must be an int in 0..65535 (0: any free port), got {port!r}")
     if not isinstance(path, str) or not path.startswith("/"):
         raise ValueError(f"path must be a str starting with '/', got {path!r}")
+
+
+def _allowed(values: object, what: str) -> tuple[str, ...]:
+    """`values` as a tuple of non-empty str (a bare str is refused: it is not a list of names)."""
+    if isinstance(values, str) or not isinstance(values, Iterable):
+        raise TypeError(f"{what} must be an iterable of str, got {type(values).__name__}")
+    found = tuple(values)
+    for value in found:
+        if not isinstance(value, str) or not value.strip() or value != value.strip():
+            raise ValueError(f"{what} must hold non-empty str, unpadded; got {value!r}")
+    return found
