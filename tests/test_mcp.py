@@ -1046,9 +1046,10 @@ def test_streamable_http_on_localhost_serves_and_cancels_on_read_timeout(mode: s
     assert observed.codes == [None, ABORTED, None] or observed.codes == [None, None, ABORTED]
     reason = seen["token"].reason
     assert isinstance(reason, RequestCancelled)
-    # 2025 sessions send notifications/cancelled; a 2026 client cancels by closing the stream.
-    expected = "client" if mode == "legacy" else "closed"
-    assert reason.cause == expected
+    # 2025 sessions send notifications/cancelled with the reason; a 2026 client cancels by
+    # closing the stream, which carries none.
+    assert reason.cause == "client"
+    assert reason.client_reason == ("timed out after 0.2s" if mode == "legacy" else None)
 
 
 def test_the_cli_serves_streamable_http_and_stops_on_sigterm_after_joining_calls() -> None:

@@ -11,12 +11,14 @@ subprocess. Every wait is bounded by `WAIT`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import signal
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from typing import Any
 
@@ -25,13 +27,15 @@ import pytest
 pytest.importorskip("mcp")
 
 import anyio
+import httpx
 import mcp_types as types
-from _registry_helpers import WAIT
+from _registry_helpers import WAIT, Gate
 from mcp import Client
-from test_mcp import RawServer, call, raw_server, run, served
+from mcp.server.streamable_http import EventMessage, EventStore
+from test_mcp import RawServer, _wait_for, call, in_thread, raw_server, run, served
 
 from toolreg import ErrorCode, ToolContext, ToolRegistry
-from toolreg.mcp import build_server
+from toolreg.mcp import RequestCancelled, build_server
 
 LATIN1_NAME = os.fsdecode(b"caf\xe9.txt")  # what os.listdir() yields: a lone surrogate
 LATIN1_NAME_ON_THE_WIRE = "caf\\udce9.txt"  # the escape's six characters, not the code point
@@ -98,6 +102,7 @@ async def http_served(app: Any, host: str = "127.0.0.1") -> AsyncIterator[str]:
 
     with socket.socket() as sock:
         sock.bind((host, 0))
+        sock.listen()  # a client connecting before uvicorn serves waits in the backlog
         port = sock.getsockname()[1]
         config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         server = uvicorn.Server(config)
@@ -278,6 +283,10 @@ INITIALIZE = {
 }
 
 
+def jsonrpc(message: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", **message}
+
+
 def post_status(port: int, headers: dict[str, str], body: object = INITIALIZE) -> int:
     import httpx
 
@@ -313,7 +322,7 @@ def test_streamable_http_refuses_foreign_origins_and_hosts_whatever_the_bind_add
         assert post_status(port, {"Host": f"evil.example:{port}"}) == 421
         # The per-request (2026) wire is checked the same way.
         modern = {"Origin": "http://evil.example", "Mcp-Protocol-Version": "2026-07-28"}
-        assert post_status(port, modern, call(1, "add", a=1, b=1)) == 403
+        assert post_status(port, modern, jsonrpc(call(1, "add", a=1, b=1))) == 403
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=WAIT) == 0
 
@@ -328,3 +337,170 @@ def test_serve_refuses_allowed_hosts_or_origins_that_are_not_lists_of_names() ->
             serve(registry, allowed_hosts=["tools.example", ""])
         with pytest.raises(ValueError, match="allowed_hosts"):
             serve(registry, allowed_hosts=[" tools.example"])
+
+
+# -- streamable HTTP: a dropped stream, the cancel's reason ---------------------------------------
+
+
+class MemoryEventStore(EventStore):
+    """Every event kept in memory, replayed after the one a resuming client names."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, types.JSONRPCMessage | None]] = []
+
+    async def store_event(self, stream_id: str, message: types.JSONRPCMessage | None) -> str:
+        event_id = str(len(self.events) + 1)
+        self.events.append((event_id, stream_id, message))
+        return event_id
+
+    async def replay_events_after(self, last_event_id: str, send_callback: Any) -> str | None:
+        stream = next((s for e, s, _ in self.events if e == last_event_id), None)
+        for event_id, stream_id, message in self.events[int(last_event_id) :]:
+            if stream_id == stream and message is not None:
+                await send_callback(EventMessage(message, event_id))
+        return stream
+
+
+async def legacy_session(client: httpx.AsyncClient, url: str) -> dict[str, str]:
+    """A 2025-11-25 session, initialized; the headers every later request carries."""
+    accept = {"Accept": "application/json, text/event-stream"}
+    response = await client.post(url, json=INITIALIZE, headers=accept)
+    assert response.status_code == 200
+    headers = {**accept, "Mcp-Session-Id": response.headers["mcp-session-id"]}
+    headers["Mcp-Protocol-Version"] = "2025-11-25"
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert (await client.post(url, json=initialized, headers=headers)).status_code == 202
+    return headers
+
+
+@contextmanager
+def logged(text: str) -> Iterator[Logged]:
+    """A `Logged` on the `toolreg` logger, which logs INFO records for the block."""
+    handler, toolreg_logger = Logged(text), logging.getLogger("toolreg")
+    level = toolreg_logger.level
+    toolreg_logger.addHandler(handler)
+    toolreg_logger.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        toolreg_logger.setLevel(level)
+        toolreg_logger.removeHandler(handler)
+
+
+class Logged(logging.Handler):
+    """Sets `seen` once a record on the `toolreg` logger contains `text`."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
+
+    def wait(self, timeout: float) -> None:
+        assert self.seen.wait(timeout), f"never logged: {self.text!r}"
+
+
+@pytest.mark.parametrize("resumable", [False, True])
+def test_a_dropped_http_stream_cancels_the_call_unless_the_client_can_resume_it(
+    resumable: bool,
+) -> None:
+    gate, seen = Gate(), {}
+    with logged("the client dropped its stream") as dropped, served() as (registry, observed):
+
+        @registry.tool(description="waits for its token, or for the test")
+        def held(args: Any, ctx: ToolContext) -> dict[str, bool]:
+            seen["token"] = ctx.token
+            gate.reached.set()
+            if not resumable:
+                assert ctx.token.wait(WAIT)
+                ctx.token.raise_if_cancelled()
+            gate.hold()
+            return {"cancelled": ctx.token.cancelled}
+
+        async def main() -> list[str]:
+            store = MemoryEventStore() if resumable else None
+            app = build_server(registry).streamable_http_app(event_store=store)
+            async with http_served(app) as url, httpx.AsyncClient(timeout=WAIT) as client:
+                headers = await legacy_session(client, url)
+                last_event = None
+                async with client.stream(
+                    "POST", url, json=jsonrpc(call(1, "held")), headers=headers
+                ) as s:
+                    assert s.status_code == 200
+                    if resumable:  # the priming event names where the stream may resume
+                        lines = s.aiter_lines()
+                        while not (line := await anext(lines)).startswith("id:"):
+                            pass
+                        last_event = line.partition(":")[2].strip()
+                    await in_thread(gate.wait_reached)
+                # The response was not read to its end: leaving the block dropped the connection.
+                await in_thread(partial(dropped.wait, WAIT))
+                if not resumable:
+                    await in_thread(partial(_wait_for, lambda: len(observed.results) == 1))
+                    return []
+                gate.release()
+                resumed = {**headers, "Last-Event-ID": str(last_event)}
+                async with client.stream("GET", url, headers=resumed) as replay:
+                    async for (
+                        line
+                    ) in replay.aiter_lines():  # the stream stays open: read to the answer
+                        if line.startswith("data:") and '"id":1' in line:
+                            return [line]
+                raise AssertionError("the resumed stream ended without the answer")
+
+        replayed = run(main)
+    reason = seen["token"].reason
+    if resumable:
+        assert reason is None  # never cancelled: the call went on
+        answer = json.loads(replayed[-1].partition(":")[2])
+        assert answer["id"] == 1 and answer["result"]["structuredContent"] == {"cancelled": False}
+        assert observed.codes == [None]
+    else:
+        assert isinstance(reason, RequestCancelled) and reason.cause == "closed"
+        assert (
+            str(reason) == "MCP request 1 ended: the client disconnected or the connection closed"
+        )
+        assert observed.codes == [ErrorCode.ABORTED]
+
+
+def test_a_cancel_on_the_per_request_http_wire_reaches_the_body_as_the_clients() -> None:
+    """At 2026-07-28 a client cancels (read timeouts too) by closing the request's stream,
+    which carries no reason: the body is told it was the client, not a lost connection."""
+    gate, seen = Gate(), {}
+    with served() as (registry, observed):
+
+        @registry.tool(description="waits for its token")
+        def cooperative(args: Any, ctx: ToolContext) -> str:
+            gate.reached.set()
+            assert ctx.token.wait(WAIT)
+            seen["reason"] = ctx.token.reason
+            ctx.token.raise_if_cancelled()
+            return "never"
+
+        async def main() -> None:
+            app = build_server(registry).streamable_http_app()
+            async with http_served(app) as url, Client(url, mode="auto") as client:
+                scope = anyio.CancelScope()
+
+                async def call_it() -> None:
+                    with scope:
+                        await client.call_tool("cooperative")
+
+                async with anyio.create_task_group() as group:
+                    group.start_soon(call_it)
+                    await in_thread(gate.wait_reached)
+                    scope.cancel()
+                await in_thread(partial(_wait_for, lambda: len(observed.results) == 1))
+
+        run(main)
+    reason = seen["reason"]
+    assert isinstance(reason, RequestCancelled)
+    assert (reason.cause, reason.client_reason) == ("client", None)
+    assert (
+        str(reason)
+        == f"MCP request {reason.request_id!r} cancelled by the client: (no reason given)"
+    )
+    assert observed.codes == [ErrorCode.ABORTED]

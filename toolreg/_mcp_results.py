@@ -50,9 +50,11 @@ class RequestCancelled:
     """Why an MCP request's call was cancelled: the reason its token carries (not an exception).
 
     `cause` is `"client"` (the client sent `notifications/cancelled`, as it does on its read
-    timeout; `client_reason` is the reason it stated, or None), `"closed"` (the request ended
-    without one: the client disconnected or the connection closed), or `"shutdown"` (`serve()`
-    is stopping on SIGTERM or SIGINT). `str()` names the request and the cause::
+    timeout; `client_reason` is the reason it stated, or None; on the per-request HTTP wire of
+    2026-07-28 the client cancels by closing the request's stream, which states no reason),
+    `"closed"` (the request ended without one: the client disconnected or the connection
+    closed), or `"shutdown"` (`serve()` is stopping on SIGTERM or SIGINT). `str()` names the
+    request and the cause::
 
         MCP request 7 cancelled by the client: timed out after 0.2s
     """

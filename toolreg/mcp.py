@@ -5,14 +5,16 @@
 with toolreg's cancellation contract; `serve(registry)` runs it over stdio or streamable HTTP;
 `python -m toolreg mcp package.module:registry` does that from the command line.
 
-What a client's cancel does. Everything that ends a request on the client's side cancels
-that request's own `CancelSource`: `notifications/cancelled` (the client's cancel, or its read
+What a client's cancel does. Everything that ends a request on the client's side cancels that
+request's own `CancelSource`: `notifications/cancelled` (the client's cancel, or its read
 timeout, which sends one), a disconnect, the end of the connection, server shutdown. The body
 sees `ctx.token.reason`, a `RequestCancelled` whose `str()` names the request and the client's
-stated reason. The handler returns only after the call has settled: an uncooperative body is
-waited for (never abandoned) while other requests are answered. A request the client cancelled
-is never answered, and a request cancelled while waiting for `max_concurrent_calls` runs
-nothing (observers still see `ABORTED_BEFORE_DISPATCH`).
+stated reason (the per-request HTTP wire of 2026-07-28 carries none). On streamable HTTP a
+client that drops a session's response stream cancels its call only if the stream cannot be
+resumed (the app keeps no event store). The handler returns only after the call has settled: an
+uncooperative body is waited for (never abandoned) while other requests are answered. A request
+the client cancelled is never answered, and a request cancelled while waiting for
+`max_concurrent_calls` runs nothing (observers still see `ABORTED_BEFORE_DISPATCH`).
 
 Results: a success is text content (`result.content`) plus `structuredContent` when the value
 is a JSON object; a failure (`INVALID_ARGS`, `DENIED`, `TOOL_ERROR`, `HOOK_ERROR`,
@@ -58,6 +60,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from . import ToolRegistry  # the public class, through the package (it loads with it)
 from ._cancel import CancelToken
 from ._mcp_bridge import Bridge, Connection
+from ._mcp_http import McpServer
 from ._mcp_results import RequestCancelled, wire_text
 
 __all__ = ["RequestCancelled", "build_server", "serve"]
@@ -175,7 +178,7 @@ def _build(
     async def connection(server: Server[Connection]) -> AsyncIterator[Connection]:
         yield Connection()  # one per Server.run (a stdio or in-memory connection), one per app
 
-    server: Server[Connection] = Server(
+    server: Server[Connection] = McpServer(
         wire_text(name),  # argv, say, may hold text UTF-8 cannot carry
         version=wire_text(version) if version is not None else _own_version(),
         instructions=wire_text(instructions) if instructions is not None else None,
