@@ -65,9 +65,9 @@ from ._cancel import CancelSource, CancelToken
 from ._helper import HELPER
 from ._mcp_http import DROP_KEY, Drop
 from ._mcp_loop import ProgressPump
-from ._mcp_results import RequestCancelled, RequestId, answer, wire_json, wire_text
+from ._mcp_results import RequestCancelled, RequestId, answer, wire_json
 from ._results import ToolCall, ToolResult
-from ._text import safe_str
+from ._text import escape_surrogates, safe_str
 from .adapters._common import wait_settled
 from .aio import AsyncToolRegistry
 
@@ -253,7 +253,7 @@ class Bridge:
             return running.result()
         except Exception as exc:  # a closed registry, a refusing executor
             logger.error("toolreg: MCP request %r could not run: %s", request_id, exc)
-            message = wire_text(f"the call could not run: {safe_str(exc)}")
+            message = escape_surrogates(f"the call could not run: {safe_str(exc)}")
             raise MCPError(types.INTERNAL_ERROR, message) from exc
 
     async def _never_admitted(

@@ -14,8 +14,8 @@ from typing import Any
 
 from mcp.server.context import ServerRequestContext
 
-from ._mcp_results import wire_text
 from ._progress import ToolProgress
+from ._text import escape_surrogates
 
 __all__ = ["ProgressPump"]
 
@@ -57,7 +57,7 @@ class ProgressPump:
             if update is None:
                 continue
             try:
-                message = None if update.message is None else wire_text(update.message)
+                message = None if update.message is None else escape_surrogates(update.message)
                 await ctx.session.report_progress(update.progress, update.total, message)
             except Exception:  # progress is best effort: it must never fail the call
                 logger.exception("toolreg: sending MCP progress failed; no more is sent")

@@ -1,15 +1,13 @@
 """What an MCP client gets: the answer for a settled call, and the reason a cancel carries.
 
-Everything toolreg puts on the wire goes through `wire_text` or `wire_json`. UTF-8 cannot carry
-a surrogate code point, which is what `os.fsdecode` makes of a file name byte that is not UTF-8;
-the SDK's writer fails on one, and the request would never be answered. Each is written as the
-six characters of its escape instead (a backslash, `u`, four hex digits: `udce9` for 0xE9).
+Everything toolreg puts on the wire goes through `escape_surrogates` or `wire_json`: the SDK's
+writer fails on a surrogate code point (what `os.fsdecode` makes of a file name byte that is not
+UTF-8), and the request would never be answered.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,31 +16,23 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
 from ._results import ErrorCode, ToolResult
+from ._text import SURROGATE, escape_surrogates
 
-__all__ = ["RequestCancelled", "RequestId", "answer", "wire_json", "wire_text"]
+__all__ = ["RequestCancelled", "RequestId", "answer", "wire_json"]
 
 RequestId = str | int
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def wire_text(text: str) -> str:
-    """`text` with each surrogate code point replaced by the text of its `\\uXXXX` escape."""
-    if text.isascii():
-        return text
-    return _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
-
 
 def wire_json(value: Any) -> Any:
-    """A plain JSON copy of `value` whose strings (keys too) went through `wire_text`, or None
-    if it is not JSON (mappings become objects)."""
+    """A plain JSON copy of `value`, surrogates escaped in every string (keys too), or None if
+    it is not JSON (mappings become objects)."""
     try:
         text = json.dumps(value, default=_plain, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):
         return None
     # Unescaped, a surrogate can only stand inside a string: write it as an escaped backslash
     # and the escape's letters, which decode to the escape's text.
-    return json.loads(_SURROGATE.sub(lambda found: f"\\\\u{ord(found.group()):04x}", text))
+    return json.loads(SURROGATE.sub(lambda found: f"\\\\u{ord(found.group()):04x}", text))
 
 
 @dataclass(frozen=True)
@@ -77,7 +67,7 @@ def answer(result: ToolResult[Any]) -> types.CallToolResult:
     """The MCP answer for a settled call (the mapping in `toolreg.mcp`'s docstring)."""
     error = result.error
     if error is not None and error.code == ErrorCode.UNKNOWN_TOOL:
-        raise MCPError(types.INVALID_PARAMS, wire_text(error.message))
+        raise MCPError(types.INVALID_PARAMS, escape_surrogates(error.message))
     meta: dict[str, Any] = {
         "toolreg/code": None if error is None else error.code.value,
         "toolreg/dispatched": result.dispatched,
@@ -87,7 +77,7 @@ def answer(result: ToolResult[Any]) -> types.CallToolResult:
         contexts = wire_json(list(result.contexts))
         if contexts is not None:
             meta["toolreg/contexts"] = contexts
-    text = wire_text(result.content)
+    text = escape_surrogates(result.content)
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)]
     if error is not None:
         return types.CallToolResult(content=content, is_error=True, _meta=meta)

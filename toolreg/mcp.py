@@ -61,7 +61,8 @@ from . import ToolRegistry  # the public class, through the package (it loads wi
 from ._cancel import CancelToken
 from ._mcp_bridge import Bridge, Connection
 from ._mcp_http import McpServer
-from ._mcp_results import RequestCancelled, wire_text
+from ._mcp_results import RequestCancelled
+from ._text import escape_surrogates
 
 __all__ = ["RequestCancelled", "build_server", "serve"]
 
@@ -179,9 +180,9 @@ def _build(
         yield Connection()  # one per Server.run (a stdio or in-memory connection), one per app
 
     server: Server[Connection] = McpServer(
-        wire_text(name),  # argv, say, may hold text UTF-8 cannot carry
-        version=wire_text(version) if version is not None else _own_version(),
-        instructions=wire_text(instructions) if instructions is not None else None,
+        escape_surrogates(name),  # argv, say, may hold text UTF-8 cannot carry
+        version=escape_surrogates(version) if version is not None else _own_version(),
+        instructions=escape_surrogates(instructions) if instructions is not None else None,
         lifespan=connection,
         get_tool_input_schema=bridge.input_schema,
         on_list_tools=bridge.list_tools,
