@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 from . import _validate
 from ._record import record
+from ._schema_refs import outside_ref, ref_loop
 from ._text import safe_repr, type_name
 from ._validate import INFINITY
 
@@ -159,7 +160,8 @@ def compile_schema(tool: Tool) -> tuple[dict[str, Any], Validator | None]:
     may only point inside the schema itself (``"#"`` or ``"#/..."``): any other `$ref` is a
     `ValueError` here, and nothing is ever fetched (no file is read, no request is made), even
     for a reference that a nested `$id` turned into a remote one. The advertised schema is
-    therefore exactly the enforced one.
+    therefore exactly the enforced one. References that loop back to the same value (`a` to
+    `b` to `a`, with no property or item in between) are a `ValueError` too (`_schema_refs`).
     """
     if tool.parameters is None:
         return thaw(EMPTY_SCHEMA), None
@@ -183,11 +185,17 @@ def _compile_object_schema(
     except InvalidArguments as exc:
         problem = str(exc).replace("arguments", "schema", 1)
         raise ValueError(f"tool {name!r}: the {what} schema is not JSON: {problem}") from None
-    outside = _outside_ref(schema)
+    outside = outside_ref(schema)
     if outside is not None:
         raise ValueError(
             f"tool {name!r}: the {what} schema refers outside itself ($ref {outside!r});"
             " only references inside the schema ('#/...') are allowed"
+        )
+    loop = ref_loop(schema)
+    if loop is not None:
+        raise ValueError(
+            f"tool {name!r}: the {what} schema's references loop without descending into the "
+            f"value ({' -> '.join(loop)}), which no value could be checked against"
         )
     if "type" not in schema:
         schema = {"type": "object", **schema}
@@ -206,25 +214,6 @@ def _compile_object_schema(
     except Exception as exc:
         raise ValueError(f"tool {name!r}: invalid {what} schema: {exc}") from exc
     return schema, validator
-
-
-def _outside_ref(schema: object) -> str | None:
-    """A `$ref` that does not point inside the schema, if there is one (no recursion).
-
-    Data keywords (`enum`, `const`, ...) are searched too: fastjsonschema resolves a `$ref`
-    wherever it appears.
-    """
-    pending = [schema]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and not ref.startswith("#"):
-                return ref
-            pending.extend(node.values())
-        elif isinstance(node, list):
-            pending.extend(node)
-    return None
 
 
 def _refuse_fetch(uri: str) -> NoReturn:
