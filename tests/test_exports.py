@@ -7,6 +7,7 @@ import gc
 import importlib
 import re
 import types
+import typing
 import weakref
 from pathlib import Path
 
@@ -125,6 +126,31 @@ def test_each_public_module_pins_its_all(module_name: str) -> None:
         alias = isinstance(value, types.GenericAlias) or hasattr(value, "__origin__")
         if isinstance(value, (type, types.FunctionType)) and not alias:
             assert value.__module__ == module_name, name
+
+
+EVERY_PUBLIC_MODULE = [
+    "toolreg",
+    *sorted(MODULES),
+    "toolreg.adapters.langchain",
+    "toolreg.adapters.openai_agents",
+    "toolreg.adapters.pydantic_ai",
+    "toolreg.distributed",
+    "toolreg.otel",
+]
+
+
+@pytest.mark.parametrize("module_name", EVERY_PUBLIC_MODULE)
+def test_the_annotations_of_every_public_class_resolve(module_name: str) -> None:
+    """`typing.get_type_hints` on a public class (documentation tools and validators call it)
+    resolves, although its `__module__` names the public module, not the one defining it."""
+    module = pytest.importorskip(module_name, reason=f"{module_name} needs its extra")
+    classes = [getattr(module, name) for name in module.__all__]
+    classes = [value for value in classes if isinstance(value, type)]
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        assert all(not isinstance(hint, (str, typing.ForwardRef)) for hint in hints.values())
+    if module_name == "toolreg":
+        assert typing.get_type_hints(toolreg.ToolContext)["call"] is toolreg.ToolCall
 
 
 def quickstart() -> str:

@@ -62,11 +62,12 @@ from ._cancel import CancelToken
 from ._mcp_bridge import Bridge, Connection
 from ._mcp_http import McpServer
 from ._mcp_results import RequestCancelled
+from ._public import report_public
 from ._text import escape_surrogates
 
 __all__ = ["RequestCancelled", "build_server", "serve"]
 
-RequestCancelled.__module__ = __name__  # reported where users import it from
+report_public(RequestCancelled, __name__)  # reported where users import it from
 
 Transport = Literal["stdio", "streamable-http"]
 
