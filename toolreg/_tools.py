@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 from . import _validate
 from ._record import record
 from ._schema_refs import outside_ref, ref_loop
-from ._text import safe_repr, type_name
+from ._text import safe_repr, safe_str, type_name
 from ._validate import INFINITY
 
 __all__ = ["FrozenDict", "Tool", "thaw"]
@@ -340,12 +340,26 @@ def freeze_arguments(arguments: object) -> FrozenDict:
             else:
                 return _frozen(arguments)
         if not isinstance(arguments, Mapping):
-            raise InvalidArguments(f"must be a mapping, got {type_name(arguments)}")
+            raise InvalidArguments(_not_a_mapping(arguments))
         return _freeze_mapping(arguments, 0, set())
     except (InvalidArguments, *_INTERRUPTS):
         raise
     except BaseException as exc:
         raise _unreadable(arguments, exc) from None
+
+
+def _not_a_mapping(arguments: object) -> str:
+    """Why `arguments` are refused; for text (what a model or an adapter hands on), whether it
+    is JSON at all."""
+    if not isinstance(arguments, str):
+        return f"must be a mapping, got {type_name(arguments)}"
+    import json  # only here: a failed call, and `import toolreg` does not load json
+
+    try:
+        json.loads(arguments)
+    except (ValueError, RecursionError) as exc:
+        return f"not valid JSON ({safe_str(exc)}); a JSON object is expected"
+    return "must be a mapping, got str (JSON text: decode it first)"
 
 
 def _freeze(value: object, depth: int, active: set[int]) -> object:
