@@ -491,6 +491,20 @@ def test_a_server_token_cancelled_before_the_request_runs_nothing() -> None:
 # -- cancellation ---------------------------------------------------------------------------------
 
 
+def add_cooperative(registry: ToolRegistry, gate: Gate, seen: dict[str, Any]) -> None:
+    """A tool `cooperative` that records its request id, reaches `gate`, waits for its token,
+    records the reason in `seen`, and ends cancelled."""
+
+    @registry.tool(description="waits for its token")
+    def cooperative(args: Any, ctx: ToolContext) -> str:
+        seen["id"] = request_id_of(ctx)
+        gate.reached.set()
+        assert ctx.token.wait(WAIT)
+        seen["reason"] = ctx.token.reason
+        ctx.token.raise_if_cancelled()
+        return "never"
+
+
 @pytest.mark.parametrize(
     "mode", ["legacy", "2026-07-28"]
 )  # the handshake era, and the per-request one
@@ -500,15 +514,7 @@ def test_a_client_cancel_reaches_a_cooperative_body_with_its_reason_and_is_never
     gate = Gate()
     seen: dict[str, Any] = {}
     with served() as (registry, observed):
-
-        @registry.tool(description="waits for its token")
-        def cooperative(args: Any, ctx: ToolContext) -> str:
-            seen["id"] = request_id_of(ctx)
-            gate.reached.set()
-            assert ctx.token.wait(WAIT)
-            seen["reason"] = ctx.token.reason
-            ctx.token.raise_if_cancelled()
-            return "never"
+        add_cooperative(registry, gate, seen)
 
         async def main() -> None:
             async with wire(build_server(registry), mode) as w:

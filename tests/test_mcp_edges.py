@@ -32,7 +32,16 @@ import mcp_types as types
 from _registry_helpers import WAIT, Gate
 from mcp import Client
 from mcp.server.streamable_http import EventMessage, EventStore
-from test_mcp import RawServer, _wait_for, call, in_thread, raw_server, run, served
+from test_mcp import (
+    RawServer,
+    _wait_for,
+    add_cooperative,
+    call,
+    in_thread,
+    raw_server,
+    run,
+    served,
+)
 
 from toolreg import ErrorCode, ToolContext, ToolRegistry
 from toolreg.mcp import RequestCancelled, build_server
@@ -469,16 +478,9 @@ def test_a_dropped_http_stream_cancels_the_call_unless_the_client_can_resume_it(
 def test_a_cancel_on_the_per_request_http_wire_reaches_the_body_as_the_clients() -> None:
     """At 2026-07-28 a client cancels (read timeouts too) by closing the request's stream,
     which carries no reason: the body is told it was the client, not a lost connection."""
-    gate, seen = Gate(), {}
+    gate, seen = Gate(), dict[str, Any]()
     with served() as (registry, observed):
-
-        @registry.tool(description="waits for its token")
-        def cooperative(args: Any, ctx: ToolContext) -> str:
-            gate.reached.set()
-            assert ctx.token.wait(WAIT)
-            seen["reason"] = ctx.token.reason
-            ctx.token.raise_if_cancelled()
-            return "never"
+        add_cooperative(registry, gate, seen)
 
         async def main() -> None:
             app = build_server(registry).streamable_http_app()
