@@ -27,7 +27,7 @@ import pytest
 pytest.importorskip("mcp")
 
 import anyio
-import httpx
+import httpx2  # the MCP SDK's own HTTP client: installed with the extra
 import mcp_types as types
 from _registry_helpers import WAIT, Gate
 from mcp import Client
@@ -297,11 +297,10 @@ def jsonrpc(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def post_status(port: int, headers: dict[str, str], body: object = INITIALIZE) -> int:
-    import httpx
 
     accept = {"Accept": "application/json, text/event-stream"}
     url = f"http://127.0.0.1:{port}/mcp"
-    response = httpx.post(url, json=body, headers={**accept, **headers}, timeout=WAIT)
+    response = httpx2.post(url, json=body, headers={**accept, **headers}, timeout=WAIT)
     return response.status_code
 
 
@@ -370,7 +369,7 @@ class MemoryEventStore(EventStore):
         return stream
 
 
-async def legacy_session(client: httpx.AsyncClient, url: str) -> dict[str, str]:
+async def legacy_session(client: httpx2.AsyncClient, url: str) -> dict[str, str]:
     """A 2025-11-25 session, initialized; the headers every later request carries."""
     accept = {"Accept": "application/json, text/event-stream"}
     response = await client.post(url, json=INITIALIZE, headers=accept)
@@ -432,7 +431,7 @@ def test_a_dropped_http_stream_cancels_the_call_unless_the_client_can_resume_it(
         async def main() -> list[str]:
             store = MemoryEventStore() if resumable else None
             app = build_server(registry).streamable_http_app(event_store=store)
-            async with http_served(app) as url, httpx.AsyncClient(timeout=WAIT) as client:
+            async with http_served(app) as url, httpx2.AsyncClient(timeout=WAIT) as client:
                 headers = await legacy_session(client, url)
                 last_event = None
                 async with client.stream(
