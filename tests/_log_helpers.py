@@ -125,3 +125,23 @@ class RedactGate:
 
     def release(self) -> None:
         self.released.set()
+
+
+HOSTILE_RECORDS = [  # records `stats` and `report` must count, whatever their fields hold
+    '{"name": "t", "ok": true, "duration": ' + "9" * 400 + ', "time": "2026-12-01T05:00:01Z"}',
+    '{"name": "t", "ok": true, "duration": 0.5, "timeline": {"entered": "2026-12-01T05:00:01Z", '
+    '"finished": ' + "9" * 400 + "}}",
+    '{"name": "caf\\udce9", "ok": false, "code": "UNKNOWN_TOOL", "duration": 0.1, '
+    '"message": "unknown tool \\ud800", "call_id": "\\udfff", "time": "2026-12-01T05:00:02Z"}',
+    '{"name": "t", "ok": false, "code": "X\\udce9", "duration": 0.2, '
+    '"time": "2026-12-01T05:00:03Z"}',
+]
+HOSTILE_BAD_LINES = [  # lines they must count as bad
+    '{"name": "t", "ok": true, "duration": ' + "9" * 5000 + "}",  # beyond Python's int limit
+    '{"name": "t", "ok": true, "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
+]
+
+
+def write_hostile_log(path: Path) -> None:
+    """A log of `HOSTILE_RECORDS` and `HOSTILE_BAD_LINES`, one per line."""
+    path.write_text("".join(f"{line}\n" for line in HOSTILE_RECORDS + HOSTILE_BAD_LINES))

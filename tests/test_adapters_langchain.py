@@ -138,7 +138,10 @@ def test_text_arguments_go_through_the_registry_json_or_not(mode: str) -> None:
             return add.invoke(value) if mode == "invoke" else asyncio.run(add.ainvoke(value))
 
         assert invoke('{"a": 1}') == "3"
-        assert invoke("not json") == "Error: arguments: must be a mapping, got str"
+        assert invoke("not json") == (
+            "Error: arguments: not valid JSON (Expecting value: line 1 column 1 (char 0)); "
+            "a JSON object is expected"
+        )
         good = invoke({"type": "tool_call", "id": "c1", "name": "add", "args": '{"a": 4}'})
         bad = invoke({"type": "tool_call", "id": "c2", "name": "add", "args": "not json"})
     assert (good.tool_call_id, good.status, good.content) == ("c1", "success", "6")

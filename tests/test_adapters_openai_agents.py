@@ -66,7 +66,11 @@ def test_a_run_hands_the_model_each_result_s_content() -> None:
     outputs = _outputs(model.calls[1])
     assert outputs["c1"] == "3"
     assert outputs["c2"] == "Error: RuntimeError: kaput"
-    assert outputs["c3"].startswith("Error: ") and outputs["c4"].startswith("Error: ")
+    assert outputs["c3"].startswith("Error: ")
+    assert outputs["c4"] == (  # says what is wrong with the text, not that it is a str
+        "Error: arguments: not valid JSON (Expecting property name enclosed in double quotes: "
+        "line 1 column 2 (char 1)); a JSON object is expected"
+    )
     codes = {r.call.call_id: r.code for r in s.observed.results}
     assert codes == {
         "c1": None,

@@ -229,6 +229,28 @@ def test_invalid_argument_message_locates_the_bad_value(registry: ToolRegistry) 
     assert "set" in result.error.message
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{not json", "not valid JSON (Expecting property name enclosed in double quotes: "),
+        ("", "not valid JSON (Expecting value: line 1 column 1 (char 0))"),
+        ('{"a": 1}', "must be a mapping, got str (JSON text: decode it first)"),
+        ("null", "a JSON object is expected, got JSON null"),
+        ("[1, 2]", "a JSON object is expected, got JSON array"),
+        ('"text"', "a JSON object is expected, got JSON string"),
+    ],
+)
+def test_text_arguments_say_whether_they_are_json(
+    registry: ToolRegistry, text: str, message: str
+) -> None:
+    """What a model sends is text: the adapters hand on what is not JSON, so the registry's
+    message says so."""
+    counting_tool(registry)
+    result = registry.execute(ToolCall("work", text))  # type: ignore[arg-type]
+    assert result.code == ErrorCode.INVALID_ARGS
+    assert result.content.startswith(f"Error: arguments: {message}")
+
+
 def test_sixty_four_levels_of_nesting_are_accepted(registry: ToolRegistry) -> None:
     registry.tool(name="echo")(lambda args, ctx: "ok")
     assert registry.execute("echo", _nested(64)).ok

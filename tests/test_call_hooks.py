@@ -158,6 +158,52 @@ def test_a_failing_hook_or_trace_is_logged_and_changes_nothing(
     assert "raised in end()" in caplog.text
 
 
+class NotAnInterrupt(BaseException):
+    """A `BaseException` that is neither an interrupt nor an `Exception`."""
+
+
+class RaisingTrace:
+    """A trace whose method `where` raises `exc` (`enter`/`exit` are its body scope's)."""
+
+    def __init__(self, where: str, exc: BaseException) -> None:
+        self.where = where
+        self.exc = exc
+
+    @contextlib.contextmanager
+    def body(self, ctx: ToolContext) -> Iterator[None]:
+        if self.where == "enter":
+            raise self.exc
+        yield
+        if self.where == "exit":
+            raise self.exc
+
+    def end(self, result: ToolResult[Any]) -> None:
+        if self.where == "end":
+            raise self.exc
+
+
+@pytest.mark.parametrize("exc", [GeneratorExit(), NotAnInterrupt()], ids=type)
+@pytest.mark.parametrize("where", ["hook", "enter", "exit", "end"])
+def test_a_hook_or_trace_raising_a_base_exception_is_logged_and_the_call_observed_once(
+    where: str, exc: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    observed: list[ToolResult[Any]] = []
+
+    def hook(call: ToolCall, token: CancelToken) -> RaisingTrace:
+        if where == "hook":
+            raise exc
+        return RaisingTrace(where, exc)
+
+    with open_registry() as registry:
+        registry.add_call_hook(hook)
+        registry.on_result(observed.append)
+        registry.tool(name="t")(lambda args, ctx: "ran")
+        result = registry.execute("t")
+    assert result.ok and result.value == "ran"  # the call's outcome stands
+    assert observed == [result]
+    assert type(exc).__name__ in caplog.text
+
+
 def test_removing_the_hook_stops_the_traces() -> None:
     recorder = Recorder()
     with open_registry() as registry:

@@ -10,6 +10,7 @@ import importlib.metadata
 import subprocess
 import sys
 import types
+import typing
 import weakref
 from pathlib import Path
 
@@ -154,6 +155,34 @@ def test_each_public_module_pins_its_all(module_name: str) -> None:
 def test_version_is_the_installed_distributions() -> None:
     assert toolreg.__version__ == importlib.metadata.version("toolreg-quiescent")
     assert "__version__" in dir(toolreg) and "__version__" not in toolreg.__all__
+
+
+EVERY_PUBLIC_MODULE = [
+    "toolreg",
+    *sorted(MODULES),
+    "toolreg.adapters.langchain",
+    "toolreg.adapters.openai_agents",
+    "toolreg.adapters.pydantic_ai",
+    "toolreg.distributed",
+    "toolreg.otel",
+]
+
+
+@pytest.mark.parametrize("module_name", EVERY_PUBLIC_MODULE)
+def test_the_annotations_of_every_public_class_resolve(module_name: str) -> None:
+    """`typing.get_type_hints` on a public class (documentation tools and validators call it)
+    resolves, although its `__module__` names the public module, not the one defining it."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:  # an integration whose extra is not installed
+        pytest.skip(f"{module_name} needs its extra: {exc}")
+    classes = [getattr(module, name) for name in module.__all__]
+    classes = [value for value in classes if isinstance(value, type)]
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        assert all(not isinstance(hint, (str, typing.ForwardRef)) for hint in hints.values())
+    if module_name == "toolreg":
+        assert typing.get_type_hints(toolreg.ToolContext)["call"] is toolreg.ToolCall
 
 
 def test_import_toolreg_reads_no_metadata_until_the_version_is_asked_for() -> None:

@@ -4,8 +4,12 @@ file; every line lands exactly once and whole, and fork() neither loses nor repe
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import select
+import subprocess
+import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -196,3 +200,68 @@ def test_per_line_children_need_no_drain(tmp_path: Path) -> None:
     assert child.exitcode == 0
     assert sorted(line["call_id"] for line in lines_of(path)) == ["child-0", "parent-0"]
     assert os.getpid() in {line["pid"] for line in lines_of(path)}
+
+
+_TORN_WRITER = """
+import os, sys, threading
+from toolreg import ToolCall, ToolRegistry, _logwriter
+from toolreg.log import ResultLog
+
+path, ready = sys.argv[1], int(sys.argv[2])
+
+
+class DiesMidLine:
+    # The file's stream, which writes half of the next line, says so, and waits to be killed.
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        self.stream.write(text[: len(text) // 2])
+        self.stream.flush()
+        os.write(ready, b"x")
+        threading.Event().wait()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+opened = _logwriter._Handler.do_open
+_logwriter._Handler.do_open = lambda self, mode=None: DiesMidLine(opened(self, mode))
+registry = ToolRegistry(max_workers=1)
+registry.tool(lambda args, ctx: "done", name="doomed")
+registry.on_result(ResultLog(path, per_line=True))
+registry.execute(ToolCall("doomed", call_id="doomed-1"))
+"""
+
+
+def test_a_writer_killed_mid_line_loses_only_its_own_line(tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    healthy = ResultLog(path, per_line=True)
+    healthy(ToolResult.success(ToolCall("before", call_id="before-1"), 1))
+    ready_read, ready_write = os.pipe()
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-c", _TORN_WRITER, str(path), str(ready_write)],
+            pass_fds=[ready_write],
+        )
+        try:
+            assert select.select([ready_read], [], [], WAIT)[0], "the writer never wrote"
+            assert os.read(ready_read, 1) == b"x"
+        finally:
+            child.kill()  # SIGKILL, mid-line, holding the file lock (released by its death)
+            child.wait(WAIT)
+    finally:
+        os.close(ready_read)
+        os.close(ready_write)
+    healthy(ToolResult.success(ToolCall("after", call_id="after-1"), 2))
+    healthy.close()
+    lines = read_text(path).split("\n")
+    assert lines[-1] == ""  # the file ends a line
+    parsed, torn = [], []
+    for line in lines[:-1]:
+        try:
+            parsed.append(json.loads(line)["call_id"])
+        except json.JSONDecodeError:
+            torn.append(line)
+    assert parsed == ["before-1", "after-1"]  # the healthy process lost nothing
+    assert len(torn) == 1 and torn[0].startswith('{"time":')  # the half the dead writer wrote

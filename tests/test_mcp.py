@@ -500,6 +500,20 @@ def test_a_server_token_cancelled_before_the_request_runs_nothing() -> None:
 # -- cancellation ---------------------------------------------------------------------------------
 
 
+def add_cooperative(registry: ToolRegistry, gate: Gate, seen: dict[str, Any]) -> None:
+    """A tool `cooperative` that records its request id, reaches `gate`, waits for its token,
+    records the reason in `seen`, and ends cancelled."""
+
+    @registry.tool(description="waits for its token")
+    def cooperative(args: Any, ctx: ToolContext) -> str:
+        seen["id"] = request_id_of(ctx)
+        gate.reached.set()
+        assert ctx.token.wait(WAIT)
+        seen["reason"] = ctx.token.reason
+        ctx.token.raise_if_cancelled()
+        return "never"
+
+
 @pytest.mark.parametrize(
     "mode", ["legacy", "2026-07-28"]
 )  # the handshake era, and the per-request one
@@ -509,15 +523,7 @@ def test_a_client_cancel_reaches_a_cooperative_body_with_its_reason_and_is_never
     gate = Gate()
     seen: dict[str, Any] = {}
     with served() as (registry, observed):
-
-        @registry.tool(description="waits for its token")
-        def cooperative(args: Any, ctx: ToolContext) -> str:
-            seen["id"] = request_id_of(ctx)
-            gate.reached.set()
-            assert ctx.token.wait(WAIT)
-            seen["reason"] = ctx.token.reason
-            ctx.token.raise_if_cancelled()
-            return "never"
+        add_cooperative(registry, gate, seen)
 
         async def main() -> None:
             async with wire(build_server(registry), mode) as w:
@@ -829,12 +835,12 @@ def test_stdio_serves_the_sdk_client_and_stray_output_never_corrupts_the_stream(
 
 
 class RawServer:
-    """`python -m toolreg mcp mcp_fixture` spoken to in raw JSON-RPC lines."""
+    """`python -m toolreg mcp mcp_fixture` (or `target`) spoken to in raw JSON-RPC lines."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, target: str = "mcp_fixture", read_stdout: bool = True) -> None:
         self.release_read, self.release_write = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "toolreg", "mcp", "mcp_fixture", *args],
+            [sys.executable, "-m", "toolreg", "mcp", target, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -846,7 +852,10 @@ class RawServer:
         self.err: queue.Queue[bytes] = queue.Queue()
         self.received: list[dict[str, Any]] = []
         self.errors: list[str] = []
-        for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
+        pumped = [(self.proc.stderr, self.err)]
+        if read_stdout:  # else the test reads (or closes) stdout itself
+            pumped.append((self.proc.stdout, self.out))
+        for stream, lines in pumped:
             threading.Thread(target=_pump_lines, args=(stream, lines), daemon=True).start()
 
     def send(self, message: dict[str, Any]) -> None:
@@ -920,8 +929,10 @@ def _pump_lines(stream: Any, lines: queue.Queue[bytes]) -> None:
 
 
 @contextmanager
-def raw_server(*args: str) -> Iterator[RawServer]:
-    server = RawServer(*args)
+def raw_server(
+    *args: str, target: str = "mcp_fixture", read_stdout: bool = True
+) -> Iterator[RawServer]:
+    server = RawServer(*args, target=target, read_stdout=read_stdout)
     try:
         yield server
     finally:
@@ -1051,9 +1062,10 @@ def test_streamable_http_on_localhost_serves_and_cancels_on_read_timeout(mode: s
     assert observed.codes == [None, ABORTED, None] or observed.codes == [None, None, ABORTED]
     reason = seen["token"].reason
     assert isinstance(reason, RequestCancelled)
-    # 2025 sessions send notifications/cancelled; a 2026 client cancels by closing the stream.
-    expected = "client" if mode == "legacy" else "closed"
-    assert reason.cause == expected
+    # 2025 sessions send notifications/cancelled with the reason; a 2026 client cancels by
+    # closing the stream, which carries none.
+    assert reason.cause == "client"
+    assert reason.client_reason == ("timed out after 0.2s" if mode == "legacy" else None)
 
 
 def test_the_cli_serves_streamable_http_and_stops_on_sigterm_after_joining_calls() -> None:

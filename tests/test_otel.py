@@ -33,7 +33,7 @@ from _registry_helpers import (
 pytest.importorskip("opentelemetry.sdk")
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
@@ -824,6 +824,51 @@ def test_a_tracer_that_raises_never_changes_a_call(caplog: pytest.LogCaptureFixt
     # Logged once: nothing calls the failing tracer a second time for the same call.
     failures = [record for record in caplog.records if record.exc_info is not None]
     assert len(failures) == 1 and "tracer down" in caplog.text
+
+
+class NotAnInterrupt(BaseException):
+    """A `BaseException` that is neither an interrupt nor an `Exception`."""
+
+
+def test_a_span_processor_raising_a_base_exception_never_changes_a_call(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Raising(SpanProcessor):
+        def __init__(self, exc: BaseException) -> None:
+            self.exc = exc
+
+        def on_end(self, span: ReadableSpan) -> None:
+            raise self.exc
+
+    for exc in (GeneratorExit(), NotAnInterrupt()):
+        provider = TracerProvider()
+        provider.add_span_processor(Raising(exc))
+        observed: list[ToolResult[Any]] = []
+        with open_registry() as registry:
+            toolreg.otel.instrument(registry, tracer_provider=provider)
+            registry.on_result(observed.append)
+            registry.tool(name="t")(lambda args, ctx: "ran")
+            result = registry.execute("t")
+        assert result.ok and result.value == "ran"
+        assert observed == [result]  # observed once, after the trace failed
+        assert type(exc).__name__ in caplog.text
+        provider.shutdown()
+
+
+def test_a_cancel_reason_whose_str_raises_anything_is_a_placeholder(spans: Spans) -> None:
+    class Unprintable:
+        def __str__(self) -> str:
+            raise GeneratorExit("no text")  # not an Exception
+
+    caller = CancelSource()
+    caller.cancel(Unprintable())
+    with instrumented(spans) as registry:
+        registry.tool(name="t")(lambda args, ctx: "never")
+        result = registry.execute("t", token=caller.token, start_if_cancelled=False)
+    assert result.code == ErrorCode.ABORTED_BEFORE_DISPATCH  # as without tracing
+    span = spans.one("execute_tool t")
+    reason = "<Unprintable whose str() raised>"
+    assert events(span) == [("toolreg.cancelled", {"toolreg.reason": reason})]
 
 
 def test_instrument_refuses_what_is_not_a_registry_or_a_provider(spans: Spans) -> None:

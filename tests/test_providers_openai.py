@@ -102,7 +102,11 @@ def test_a_chat_loop_answers_every_call_and_the_model_answers(s: Scenario) -> No
     assert sent == [
         ("call_1", "3"),
         ("call_2", "Error: unknown tool 'missing'"),
-        ("call_3", "Error: arguments: must be a mapping, got str"),
+        (
+            "call_3",
+            "Error: arguments: not valid JSON (Expecting ',' delimiter: line 1 column 8 (char 7)); "
+            "a JSON object is expected",
+        ),
         ("call_4", "Error: RuntimeError: kaput"),
         ("call_5", "5"),
     ]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _log_helpers import write_hostile_log
 
 import toolreg
 from toolreg import CancelSource, ToolCall, ToolRegistry
@@ -437,6 +438,18 @@ def test_non_finite_numbers_in_a_log_are_not_fatal(plotly: Any, tmp_path: Path) 
     page = out.read_text(encoding="utf-8")
     assert payload(page)["ids"] == ["c-ok", "x"]  # x: an unusable `finished`, its duration used
     assert "<td>5</td>" in page  # all five counted in the table
+
+
+def test_hostile_lines_are_counted_never_fatal(plotly: Any, tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    write_hostile_log(path)
+    out = tmp_path / "report.html"
+    assert report(str(path), "-o", str(out)) == 0
+    page = out.read_text(encoding="utf-8")
+    assert "<td>4</td>" in page  # every record counted in the table
+    data = payload(page)
+    assert sorted(data["tools"]) == ["caf\\udce9", "t"]
+    assert "X\\udce9" in data["codes"]
 
 
 def test_a_tool_name_cannot_break_out_of_the_page(plotly: Any, tmp_path: Path) -> None:

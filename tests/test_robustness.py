@@ -1147,6 +1147,40 @@ def test_refs_inside_the_schema_are_enforced_and_advertised_exactly(
     assert fetches == []
 
 
+@pytest.mark.parametrize(
+    ("where", "looping", "loop"),
+    [
+        ("parameters", {"$ref": "#/$defs/b"}, "#/$defs/a -> #/$defs/b -> #/$defs/a"),
+        ("parameters", {"allOf": [{"$ref": "#/$defs/a"}]}, "#/$defs/a -> #/$defs/a/allOf/0"),
+        ("output_schema", {"$ref": "#/$defs/b"}, "#/$defs/a -> #/$defs/b -> #/$defs/a"),
+    ],
+)
+def test_a_ref_loop_that_never_descends_into_the_value_is_refused_at_registration(
+    registry: ToolRegistry, where: str, looping: dict[str, Any], loop: str
+) -> None:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/a"}},
+        "$defs": {"a": looping, "b": {"$ref": "#/$defs/a"}},
+    }
+    with pytest.raises(ValueError, match="references loop without descending") as refused:
+        options: dict[str, Any] = {where: schema}
+        registry.register(Tool("t", echo, **options))
+    assert loop in str(refused.value)
+    assert registry.get("t") is None
+
+
+def test_a_ref_loop_that_descends_into_the_value_is_a_recursive_schema_and_works(
+    registry: ToolRegistry,
+) -> None:
+    tree = {"type": "object", "properties": {"children": {"items": {"$ref": "#/$defs/tree"}}}}
+    schema = {"type": "object", "properties": {"tree": {"$ref": "#/$defs/tree"}}, "$defs": {}}
+    schema["$defs"] = {"tree": tree, "unused": {"$ref": "#/$defs/unused"}}  # never reached
+    registry.register(Tool("t", echo, parameters=schema))
+    assert registry.execute("t", {"tree": {"children": [{"children": []}]}}).ok
+    assert registry.execute("t", {"tree": {"children": [1]}}).code == INVALID_ARGS
+
+
 # -- 18. process.run env=None drops credentials in values too -----------------------------------
 
 SECRET_VALUES = {

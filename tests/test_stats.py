@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _log_helpers import write_hostile_log
 
 from toolreg import CancelSource, ToolCall, ToolRegistry
 from toolreg.__main__ import main
@@ -155,3 +156,22 @@ def test_stats_of_a_real_result_log(tmp_path: Path) -> None:
     work = stats.tools["work"]
     assert (work.calls, work.ok, work.aborted_before_dispatch) == (34, 30, 4)
     assert stats.tools["nope"].codes == {"UNKNOWN_TOOL": 1}
+
+
+def test_hostile_lines_are_counted_never_fatal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A number too large for a float, a lone surrogate in any string, JSON nested too deep or
+    holding an int beyond Python's digit limit: the tables come out, and exit 0."""
+    path = tmp_path / "calls.jsonl"
+    write_hostile_log(path)
+    stats = read_logs([str(path)])
+    assert (stats.records, stats.bad_lines) == (4, 2)
+    assert sorted(stats.tools) == ["caf\\udce9", "t"]  # the surrogate as its escape's text
+    assert stats.tools["t"].codes == {"X\\udce9": 1}
+    assert stats.tools["t"].durations == [0.5, 0.2]  # the 400-digit duration is not used
+    assert main(["stats", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "caf\\udce9" in out and "2 bad line(s)" in out
+    assert main(["stats", "--json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["records"] == 4

@@ -26,7 +26,6 @@ import gc as _gc
 _collecting = _gc.isenabled()
 _gc.disable()
 try:
-    import contextlib
     from typing import TYPE_CHECKING as _TYPE_CHECKING
     from typing import Any as _Any
 
@@ -59,6 +58,7 @@ try:
     from ._policies import RetryPolicy as RetryPolicy
     from ._policies import TimeoutPolicy as TimeoutPolicy
     from ._progress import ToolProgress as ToolProgress
+    from ._public import report_public as _report_public
     from ._registry import InFlightCall as InFlightCall
     from ._registry import ToolRegistry as ToolRegistry
     from ._results import CallTimeline as CallTimeline
@@ -130,8 +130,7 @@ def _report_public_module(value: object) -> None:
     # Public names report the module users import them from (`toolreg.ToolRegistry`, not
     # `toolreg._registry.ToolRegistry`): in reprs, tracebacks, pickles and documentation.
     if getattr(value, "__module__", "").startswith("toolreg._"):
-        with contextlib.suppress(AttributeError, TypeError):  # an alias: nothing to rename
-            value.__module__ = __name__
+        _report_public(value, __name__)
 
 
 if not _TYPE_CHECKING:  # hidden from type checkers, so `from toolreg import Typo` is an error

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from _thread import LockType
 from collections.abc import Callable, Coroutine, Mapping
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
@@ -133,7 +134,7 @@ class ToolContext(Claim):
     _settled_at: float | None = None
     # Held until the claimant has finished, released once; only a body that is handed to a worker
     # has one (made before anyone can see the context): an inline body has no joiner.
-    _done: threading.Lock | None = None
+    _done: LockType | None = None
     # A runner joins on the stage thread and reports interrupts there; cleared on settling (it
     # refers to the call's state, which refers to this context).
     _interrupt: Callable[[BaseException], None] | None = None

@@ -466,9 +466,18 @@ def _take_back(pending: deque[Any], item: object) -> bool:
 
 
 class _Handler(ConcurrentRotatingFileHandler):
-    """The real handler; a failed write is returned to the writer instead of printed."""
+    """The real handler; a failed write is returned to the writer instead of printed.
+
+    A writer that died mid-line (SIGKILL, a full disk) leaves a line without its newline; the
+    next line appended, by any process, would be glued to it and lost with it. So each write,
+    under the file lock, first makes sure the file ends a line, and starts a fresh one if not:
+    the dead writer loses only its own line.
+    """
 
     _failure: BaseException | None = None
+    #: (inode, size) of the file right after this handler's last write, which ended a line; a
+    #: file still in that state needs no look at its last byte.
+    _clean_end: tuple[int, int] | None = None
 
     def write(self, text: str) -> BaseException | None:
         """Emit `text` (lines joined by newlines) under the file lock: the failure, or None."""
@@ -476,6 +485,25 @@ class _Handler(ConcurrentRotatingFileHandler):
         self.emit(_record(text))
         failure, self._failure = self._failure, None
         return failure
+
+    def do_write(self, msg: str) -> None:
+        """Write `msg` and the newline (under the file lock), on a line of its own."""
+        if self.stream is None or self.stream.closed:
+            self.stream = self.do_open()
+        self._clean_end = None  # unknown until this write has succeeded
+        if not self._ends_a_line(os.fstat(self.stream.fileno())):
+            msg = f"\n{msg}"
+        super().do_write(msg)
+        if self.stream is not None and not self.stream.closed:
+            written = os.fstat(self.stream.fileno())
+            self._clean_end = (written.st_ino, written.st_size)
+
+    def _ends_a_line(self, file: os.stat_result) -> bool:
+        if file.st_size == 0 or (file.st_ino, file.st_size) == self._clean_end:
+            return True
+        with open(self.baseFilename, "rb") as reader:  # the stream is write-only
+            reader.seek(file.st_size - 1)
+            return reader.read(1) in (b"\n", b"")
 
     def handleError(self, record: logging.LogRecord) -> None:
         # Runs inside the handler's `except Exception:`; the lines are lost, the caller unharmed.

@@ -15,7 +15,12 @@ How a request ends on the client's side, and the reason the body sees:
   by `REASON_WAIT`) for our notification handler to deliver the client's stated reason, then
   cancels the source with `RequestCancelled(id, "client", reason)`.
 * a disconnect or the connection's end (EOF): the same scope cancel with no notification:
-  `RequestCancelled(id, "closed")`; `"shutdown"` when `serve()` is stopping on a signal.
+  `RequestCancelled(id, "closed")`; `"shutdown"` when `serve()` is stopping on a signal. On the
+  per-request HTTP wire (2026-07-28) that scope cancel is the client's own cancel, which carries
+  no reason there: `RequestCancelled(id, "client")`.
+* a handshake-era HTTP client dropping the POST stream of its request: the SDK goes on with the
+  handler, so `_watch_drop` cancels the source (`"closed"`) when the stream cannot be resumed,
+  and only logs the drop when it can (`_mcp_http`).
 
 The cancel runs on toolreg's helper threads (`_helper.HELPER`), never on the event loop:
 cancelling runs every callback registered on the call's token, a body's own `on_cancel`
@@ -43,7 +48,7 @@ import itertools
 import logging
 import os
 from asyncio import FIRST_COMPLETED
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -53,19 +58,25 @@ from mcp.server.context import ServerRequestContext
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+from mcp_types.version import is_version_at_least
 
 from . import ToolRegistry  # the public class, through the package (it loads with it)
 from ._cancel import CancelSource, CancelToken
 from ._helper import HELPER
+from ._mcp_http import DROP_KEY, Drop
 from ._mcp_loop import ProgressPump
-from ._mcp_results import RequestCancelled, RequestId, answer
+from ._mcp_results import RequestCancelled, RequestId, answer, wire_json
 from ._results import ToolCall, ToolResult
+from ._text import escape_surrogates, safe_str
 from .adapters._common import wait_settled
 from .aio import AsyncToolRegistry
 
 __all__ = ["REASON_WAIT", "Bridge", "Connection"]
 
 logger = logging.getLogger("toolreg")
+
+PER_REQUEST_WIRE = "2026-07-28"
+"""The first protocol version whose HTTP requests stand alone (no session, no handshake)."""
 
 REASON_WAIT = 1.0
 """Seconds a client-cancelled call waits for the notification that states the client's reason.
@@ -92,10 +103,12 @@ class _Request:
     Read and written on the event loop only.
     """
 
-    __slots__ = ("cancel_requested", "client_reason", "notified", "reason")
+    __slots__ = ("cancel_requested", "client_reason", "notified", "per_request", "reason")
 
-    def __init__(self, cancel_requested: anyio.Event | None) -> None:
+    def __init__(self, cancel_requested: anyio.Event | None, per_request: bool) -> None:
         self.cancel_requested = cancel_requested  # the SDK's flag for a client cancel, if known
+        # On the per-request HTTP wire (2026-07-28) closing the stream is the client's cancel.
+        self.per_request = per_request
         self.notified = False  # our notifications/cancelled handler has delivered the reason
         self.client_reason: str | None = None
         self.reason: asyncio.Future[None] | None = None  # done when the notification arrives
@@ -144,7 +157,7 @@ class Bridge:
         tools = []
         for schema in self._registry.catalog().schemas("mcp"):
             try:
-                tools.append(types.Tool.model_validate(schema))
+                tools.append(types.Tool.model_validate(wire_json(schema)))
             except ValueError as exc:  # pydantic's ValidationError
                 logger.warning("toolreg: MCP tools/list leaves out %r: %s", schema["name"], exc)
         return types.ListToolsResult(tools=tools)
@@ -166,11 +179,12 @@ class Bridge:
         request_id: RequestId = ctx.request_id if ctx.request_id is not None else "?"
         call_id = f"mcp:{request_id}:{self._nonce}{next(self._counter)}"
         call = ToolCall(params.name, params.arguments, call_id=call_id)
-        request = _Request(_cancel_requested(ctx))
+        request = _Request(_cancel_requested(ctx), _per_request(ctx))
         requests = self._connection(ctx).requests
         key = (_session_id(ctx), coerce_request_id(request_id))
         requests[key] = request
         source = CancelSource(self._token) if self._token is not None else CancelSource()
+        stop_watching = _watch_drop(ctx, request_id, source)
         self._handlers += 1
         try:
             admitted = False
@@ -190,6 +204,7 @@ class Bridge:
             finally:
                 self._admission.release()
         finally:
+            stop_watching()
             source.close()
             if requests.get(key) is request:  # a client reusing an id may have replaced it
                 del requests[key]
@@ -238,7 +253,8 @@ class Bridge:
             return running.result()
         except Exception as exc:  # a closed registry, a refusing executor
             logger.error("toolreg: MCP request %r could not run: %s", request_id, exc)
-            raise MCPError(types.INTERNAL_ERROR, f"the call could not run: {exc}") from exc
+            message = escape_surrogates(f"the call could not run: {safe_str(exc)}")
+            raise MCPError(types.INTERNAL_ERROR, message) from exc
 
     async def _never_admitted(
         self, request: _Request, request_id: RequestId, call: ToolCall, source: CancelSource
@@ -274,7 +290,11 @@ class Bridge:
                 with anyio.CancelScope(shield=True), contextlib.suppress(asyncio.CancelledError):
                     await asyncio.wait(waits, timeout=REASON_WAIT, return_when=FIRST_COMPLETED)
             return RequestCancelled(request_id, "client", request.client_reason)
-        return RequestCancelled(request_id, "shutdown" if self.stopping else "closed")
+        if self.stopping:
+            return RequestCancelled(request_id, "shutdown")
+        # That wire carries no reason: the client's cancel (its read timeout too) is a closed
+        # stream, and so, by the specification, is a dropped connection.
+        return RequestCancelled(request_id, "client" if request.per_request else "closed")
 
     def _connection(self, ctx: ServerRequestContext[Connection]) -> Connection:
         """The request's connection state (the bridge's own if the lifespan was replaced)."""
@@ -304,6 +324,45 @@ def _session_id(ctx: ServerRequestContext[Connection]) -> str | None:
         return None
     session: str | None = headers.get("mcp-session-id")
     return session
+
+
+def _per_request(ctx: ServerRequestContext[Connection]) -> bool:
+    """True for a request of the per-request HTTP wire (2026-07-28 and later, no session)."""
+    return ctx.request is not None and is_version_at_least(ctx.protocol_version, PER_REQUEST_WIRE)
+
+
+def _watch_drop(
+    ctx: ServerRequestContext[Connection], request_id: RequestId, source: CancelSource
+) -> Callable[[], None]:
+    """Cancel the call if the client drops a stream it cannot resume (`_mcp_http`); returns
+    what stops watching."""
+    scope = getattr(ctx.request, "scope", None)
+    drop = scope.get(DROP_KEY) if isinstance(scope, dict) else None
+    if not isinstance(drop, Drop) or _per_request(ctx):
+        return _nothing  # not a handshake-era HTTP request: its end reaches the handler itself
+    if ctx.close_sse_stream is not None:  # the SDK keeps its events: the client may resume
+        return drop.on_drop(
+            functools.partial(
+                logger.info,
+                "toolreg: MCP request %r: the client dropped its stream; the call goes on, "
+                "and the client may resume the stream (the server keeps an event store)",
+                request_id,
+            )
+        )
+
+    def dropped() -> None:
+        logger.info(
+            "toolreg: MCP request %r: the client dropped its stream, which cannot be resumed "
+            "(no event store); cancelling the call",
+            request_id,
+        )
+        HELPER.call_soon(functools.partial(source.cancel, RequestCancelled(request_id, "closed")))
+
+    return drop.on_drop(dropped)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _cancel_requested(ctx: ServerRequestContext[Connection]) -> anyio.Event | None:

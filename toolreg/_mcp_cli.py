@@ -64,6 +64,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=_port, help="HTTP: port (default 8000; 0: any free port)")
     parser.add_argument("--path", type=_path, help="HTTP: endpoint path (default /mcp)")
     parser.add_argument("--name", default="toolreg", help="server name shown to clients")
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="HTTP: a browser origin allowed besides loopback ones, e.g. https://app.example "
+        "(repeatable; others get 403)",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="HTTP: a Host header allowed besides loopback names and the bind address, e.g. "
+        "tools.example or tools.example:8000 (repeatable; others get 421)",
+    )
     from . import _mcp_gateway  # --config, --log, --timeout, --cancel-grace
 
     _mcp_gateway.add_arguments(parser)
@@ -92,14 +108,21 @@ def _path(text: str) -> str:
 
 
 def _http_options(args: argparse.Namespace) -> dict[str, Any]:
-    """--host, --port and --path with their defaults; a `UsageError` if given for stdio."""
+    """The HTTP-only options as `mcp.serve` takes them, with their defaults; a `UsageError` if
+    any was given for stdio."""
     given = [f"--{name}" for name in _HTTP_DEFAULTS if getattr(args, name) is not None]
+    given += [option for option, values in _allowed(args).items() if values]
     if given and args.transport != "streamable-http":
         raise UsageError(f"{', '.join(given)}: only with --transport streamable-http")
-    return {
+    options: dict[str, Any] = {
         name: default if getattr(args, name) is None else getattr(args, name)
         for name, default in _HTTP_DEFAULTS.items()
     }
+    return {**options, "allowed_hosts": args.allow_host, "allowed_origins": args.allow_origin}
+
+
+def _allowed(args: argparse.Namespace) -> dict[str, list[str]]:
+    return {"--allow-host": args.allow_host, "--allow-origin": args.allow_origin}
 
 
 def load_registry(target: str) -> tuple[ToolRegistry, bool]:

@@ -15,6 +15,7 @@ from typing import Any
 from mcp.server.context import ServerRequestContext
 
 from ._progress import ToolProgress
+from ._text import escape_surrogates
 
 __all__ = ["ProgressPump"]
 
@@ -56,7 +57,8 @@ class ProgressPump:
             if update is None:
                 continue
             try:
-                await ctx.session.report_progress(update.progress, update.total, update.message)
+                message = None if update.message is None else escape_surrogates(update.message)
+                await ctx.session.report_progress(update.progress, update.total, message)
             except Exception:  # progress is best effort: it must never fail the call
                 logger.exception("toolreg: sending MCP progress failed; no more is sent")
                 return

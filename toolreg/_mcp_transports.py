@@ -1,59 +1,57 @@
 """How `toolreg.mcp.serve` runs a server: stdio, and streamable HTTP on uvicorn.
 
-stdio. The SDK's `stdio_server()` points fd 1 at stderr while serving, so stray output (a
-tool's `print()`, a child process) misses the wire. Its stdin reader cannot be used as is: it
-reads in an anyio worker thread that cannot be abandoned, so after a SIGTERM the server could
-not leave `stdio_server()` until the client closed stdin, and interpreter exit would wait for
-that (non-daemon) thread too. `StdinLines` reads the protocol's lines in a daemon thread of its
-own, from a private duplicate of fd 0 (fd 0 itself reads from the null device while serving,
-so children cannot steal protocol input), and can end the stream at once.
-
-Shutdown is one path: EOF on stdin, or a signal (SIGTERM, SIGINT) that ends the input stream
-itself. The SDK then sees EOF and cancels every request in flight; each call's source is
-cancelled and its body joined; only then does `Server.run` return. From the moment the input
-ends nothing more is written (`WriteGate`): the requests still in flight are not answered (the
-SDK would otherwise write "Connection closed" errors for them), the connection is closing.
+stdio. The wire is toolreg's own (`_mcp_stdio`: why the SDK's `stdio_server()` is not used).
+Shutdown is one path: EOF on stdin, a signal (SIGTERM, SIGINT) that ends the input stream
+itself, or a client that stopped reading (the writer ends the input). The SDK then sees EOF and
+cancels every request in flight; each call's source is cancelled and its body joined; only then
+does `Server.run` return. From the moment the input ends nothing more is written (`WriteGate`):
+the requests still in flight are not answered (the SDK would otherwise write "Connection
+closed" errors for them), the connection is closing.
 
 HTTP. uvicorn on a socket bound here (so port 0 works and the bound port is logged), with our
 own signal handling: a signal marks the bridge as stopping and asks uvicorn to exit, with no
 graceful wait for open streams (a streamed `tools/call` would otherwise keep the server up
 until it finished by itself): uvicorn cancels the open requests, the lifespan shutdown closes
 the sessions, the calls are cancelled and joined, and `serve` waits until every handler is done.
+The SDK's DNS-rebinding protection (`Host` and `Origin` checks) is on whatever the bind address
+(`transport_security`); the SDK itself turns it on only for a loopback one.
 """
 
 from __future__ import annotations
 
-import asyncio
+import ipaddress
 import logging
-import os
-import queue
 import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from mcp.server import Server
-from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import SessionMessage
 
 from ._mcp_bridge import Bridge, Connection
+from ._mcp_stdio import StdinLines, StdoutLines, stdio_streams
 
 if TYPE_CHECKING:
     import uvicorn
     from typing_extensions import Self
 
-__all__ = ["StdinLines", "WriteGate", "serve_http", "serve_stdio"]
+__all__ = ["WriteGate", "is_loopback", "serve_http", "serve_stdio", "transport_security"]
 
 logger = logging.getLogger("toolreg")
 
 
-async def serve_stdio(server: Server[Connection], bridge: Bridge, lines: StdinLines) -> None:
-    """Serve one stdio connection until EOF or a signal; every call joined on return."""
-    async with stdio_server(stdin=cast(Any, lines)) as (read, write):
+async def serve_stdio(
+    server: Server[Connection], bridge: Bridge, lines: StdinLines, out: StdoutLines
+) -> None:
+    """Serve one stdio connection until EOF, a signal or a client that stopped reading; every
+    call joined on return."""
+    async with stdio_streams(lines, out) as (read, write):
         # Once the input is over (EOF or a signal) the connection is closing: answer nothing more.
         gate = WriteGate(write, lambda: lines.ended)
 
@@ -70,14 +68,25 @@ async def serve_stdio(server: Server[Connection], bridge: Bridge, lines: StdinLi
 
 
 async def serve_http(
-    server: Server[Connection], bridge: Bridge, host: str, port: int, path: str
+    server: Server[Connection],
+    bridge: Bridge,
+    host: str,
+    port: int,
+    path: str,
+    allowed_hosts: tuple[str, ...] = (),
+    allowed_origins: tuple[str, ...] = (),
 ) -> None:
     """Serve streamable HTTP on uvicorn until a signal; every call joined on return."""
     import uvicorn  # here: the stdio server never needs it
 
-    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    security = transport_security(host, allowed_hosts, allowed_origins)
+    app = server.streamable_http_app(
+        streamable_http_path=path, host=host, transport_security=security
+    )
     with _bound(host, port) as sock:
         bound = sock.getsockname()[1]
+        if not is_loopback(host):
+            _warn_exposed(server.name, host, bound, security)
         config = uvicorn.Config(
             app,
             host=host,
@@ -100,6 +109,69 @@ async def serve_http(
             group.cancel_scope.cancel()
     await bridge.wait_idle()
     logger.info("toolreg: MCP server %r stopped (streamable-http); every call settled", server.name)
+
+
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+def transport_security(
+    host: str, allowed_hosts: tuple[str, ...], allowed_origins: tuple[str, ...]
+) -> TransportSecuritySettings:
+    """The SDK's DNS-rebinding protection, on whatever the bind address.
+
+    A request is refused unless its `Host` is a loopback name, the bind address itself (when it
+    names one interface) or one of `allowed_hosts` (421), and unless its `Origin`, when it has
+    one, is a loopback origin or one of `allowed_origins` (403). A host given without a port
+    matches any port.
+    """
+    named = [*LOOPBACK_NAMES, *allowed_hosts]
+    if not is_loopback(host) and host not in ("0.0.0.0", "::"):
+        named.append(host)
+    hosts = [pattern for name in named for pattern in _host_patterns(name)]
+    origins = [
+        f"{scheme}://{name}{port}"
+        for name in LOOPBACK_NAMES
+        for scheme in ("http", "https")
+        for port in ("", ":*")
+    ]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=list(dict.fromkeys(hosts)),
+        allowed_origins=list(dict.fromkeys((*origins, *allowed_origins))),
+    )
+
+
+def is_loopback(host: str) -> bool:
+    """True for a bind address that only this machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name other than localhost: it may resolve anywhere
+        return False
+
+
+def _host_patterns(host: str) -> list[str]:
+    """The `Host` header values `host` stands for: itself, and any port when it names none."""
+    if host.count(":") > 1 and not host.startswith("["):  # a bare IPv6 address
+        host = f"[{host}]"
+    if host.endswith("]") or ":" not in host:
+        return [host, f"{host}:*"]
+    return [host]
+
+
+def _warn_exposed(name: str, host: str, port: int, security: TransportSecuritySettings) -> None:
+    logger.warning(
+        "toolreg: MCP server %r listens on %s port %d, beyond loopback: anyone who can reach it "
+        "can list and call every tool, without authentication. Requests are refused unless "
+        "their Host is one of %s and their Origin (if any) one of %s; allow more with "
+        "--allow-host and --allow-origin",
+        name,
+        host,
+        port,
+        ", ".join(security.allowed_hosts),
+        ", ".join(security.allowed_origins),
+    )
 
 
 def _uvicorn_server(config: uvicorn.Config) -> uvicorn.Server:
@@ -183,98 +255,3 @@ class WriteGate:
         exc_tb: TracebackType | None,
     ) -> None:
         await self._inner.aclose()
-
-
-class StdinLines:
-    """The protocol's input: the lines of fd 0, read by a daemon thread, as an async iterator.
-
-    Construction takes fd 0 over: the lines come from a private duplicate, and fd 0 reads from
-    the null device until `restore()`. One line is read per `__anext__` (no read-ahead), so a
-    stopped stream loses nothing the server could have handled. `stop()` (on the event loop)
-    ends the iteration at once, whatever the reading thread is blocked on; that thread and the
-    duplicate are left alone afterwards (never closed under a blocked read), and the thread,
-    a daemon, never holds up interpreter exit.
-    """
-
-    def __init__(self) -> None:
-        self._fd = _private_duplicate(0)
-        null = os.open(os.devnull, os.O_RDONLY)
-        try:
-            os.dup2(null, 0)
-        finally:
-            os.close(null)
-        self._file = open(self._fd, "rb", closefd=False)  # noqa: SIM115 - lives with the thread
-        self._requests: queue.SimpleQueue[
-            tuple[asyncio.AbstractEventLoop, asyncio.Future[bytes]] | None
-        ] = queue.SimpleQueue()
-        self._pending: asyncio.Future[bytes] | None = None
-        self._ended = False  # EOF seen or stop() called (event loop only)
-        self._thread = threading.Thread(target=self._read, name="toolreg-mcp-stdin", daemon=True)
-        self._thread.start()
-
-    @property
-    def ended(self) -> bool:
-        """True once EOF was read or `stop()` was called: no line will follow."""
-        return self._ended
-
-    def __aiter__(self) -> StdinLines:
-        return self
-
-    async def __anext__(self) -> str:
-        if self._ended:
-            raise StopAsyncIteration
-        loop = asyncio.get_running_loop()
-        pending: asyncio.Future[bytes] = loop.create_future()
-        self._pending = pending
-        self._requests.put((loop, pending))
-        try:
-            line = await pending
-        finally:
-            self._pending = None
-        if not line or self._ended:
-            self._ended = True
-            raise StopAsyncIteration
-        return line.decode("utf-8", errors="replace")
-
-    def stop(self) -> None:
-        """End the input now, as if EOF had come (on the event loop); a line read later is
-        dropped."""
-        self._ended = True
-        pending = self._pending
-        if pending is not None and not pending.done():
-            pending.set_result(b"")
-        self._requests.put(None)  # the thread leaves after the read it may be blocked in
-
-    def restore(self) -> None:
-        """Point fd 0 back at the protocol stream (the duplicate stays open: see the class)."""
-        self._requests.put(None)
-        os.dup2(self._fd, 0)
-
-    def _read(self) -> None:
-        while True:
-            request = self._requests.get()
-            if request is None:
-                return
-            loop, pending = request
-            try:
-                line = self._file.readline()
-            except (OSError, ValueError):
-                line = b""
-            try:
-                loop.call_soon_threadsafe(_resolve, pending, line)
-            except RuntimeError:  # the loop is closed: nobody reads any more
-                return
-
-
-def _resolve(pending: asyncio.Future[bytes], line: bytes) -> None:
-    if not pending.done():
-        pending.set_result(line)
-
-
-def _private_duplicate(fd: int) -> int:
-    """A close-on-exec duplicate of `fd` above the standard descriptors."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        return os.dup(fd)
-    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)

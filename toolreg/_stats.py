@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from ._text import escape_surrogates
+
 __all__ = [
     "EXAMPLES",
     "HELP",
@@ -54,6 +56,7 @@ examples:
   python -m toolreg stats --json logs/*.jsonl    # one JSON document, for scripts"""
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # the JSON escape of a surrogate
 _SHOWN_BAD_LINES = 10
 
 
@@ -158,7 +161,10 @@ class LogStats:
             return None  # blank lines carry nothing
         try:
             record = json.loads(raw)
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            if _SURROGATE_ESCAPE.search(raw):  # rare: looked for in the line, not in the record
+                record = _printable(record)
+        except (ValueError, RecursionError) as exc:
+            # Not UTF-8, not JSON, an int of 4,300 digits or more, or nested too deep.
             self.add_bad(path, number, f"not JSON ({exc})")
             return None
         problem = _check_record(record)
@@ -230,10 +236,26 @@ def number_or_none(value: object) -> float | None:
     that would make every percentile of its tool meaningless.
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float: as unusable as an infinity
+            return None
         if math.isfinite(number):
             return number
     return None
+
+
+def _printable(value: Any) -> Any:
+    """`value` with every surrogate code point in its strings (keys too) escaped: a log line may
+    hold one (ResultLog writes the name of a call to an unknown tool as given), and text holding
+    one cannot be printed or written as UTF-8."""
+    if isinstance(value, str):
+        return escape_surrogates(value)
+    if isinstance(value, list):
+        return [_printable(item) for item in value]
+    if isinstance(value, dict):
+        return {escape_surrogates(key): _printable(item) for key, item in value.items()}
+    return value
 
 
 def _check_record(record: object) -> str | None:

@@ -5,7 +5,13 @@ into an exception because its message could not be written.
 
 from __future__ import annotations
 
-__all__ = ["describe", "safe_repr", "safe_str", "type_name"]
+import re
+
+__all__ = ["SURROGATE", "describe", "escape_surrogates", "safe_repr", "safe_str", "type_name"]
+
+SURROGATE = re.compile("[\ud800-\udfff]")
+"""A surrogate code point: UTF-8 cannot carry one (`os.fsdecode` makes one of each byte of a
+file name that is not UTF-8), so text holding one cannot be written or sent as UTF-8."""
 
 
 def type_name(value: object) -> str:
@@ -40,3 +46,11 @@ def safe_repr(value: object, limit: int | None = None) -> str:
 def describe(exc: BaseException) -> str:
     """`Type: message` for an exception, even one whose `str()` raises."""
     return f"{type_name(exc)}: {safe_str(exc)}"
+
+
+def escape_surrogates(text: str) -> str:
+    """`text` with each surrogate code point replaced by the six characters of its escape
+    (a backslash, `u`, four hex digits), so it can be written as UTF-8."""
+    if text.isascii():
+        return text
+    return SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)

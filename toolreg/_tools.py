@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 from . import _validate
 from ._record import record
-from ._text import safe_repr, type_name
+from ._schema_refs import outside_ref, ref_loop
+from ._text import safe_repr, safe_str, type_name
 from ._validate import INFINITY
 
 __all__ = ["FrozenDict", "Tool", "thaw"]
@@ -159,7 +160,8 @@ def compile_schema(tool: Tool) -> tuple[dict[str, Any], Validator | None]:
     may only point inside the schema itself (``"#"`` or ``"#/..."``): any other `$ref` is a
     `ValueError` here, and nothing is ever fetched (no file is read, no request is made), even
     for a reference that a nested `$id` turned into a remote one. The advertised schema is
-    therefore exactly the enforced one.
+    therefore exactly the enforced one. References that loop back to the same value (`a` to
+    `b` to `a`, with no property or item in between) are a `ValueError` too (`_schema_refs`).
     """
     if tool.parameters is None:
         return thaw(EMPTY_SCHEMA), None
@@ -183,11 +185,17 @@ def _compile_object_schema(
     except InvalidArguments as exc:
         problem = str(exc).replace("arguments", "schema", 1)
         raise ValueError(f"tool {name!r}: the {what} schema is not JSON: {problem}") from None
-    outside = _outside_ref(schema)
+    outside = outside_ref(schema)
     if outside is not None:
         raise ValueError(
             f"tool {name!r}: the {what} schema refers outside itself ($ref {outside!r});"
             " only references inside the schema ('#/...') are allowed"
+        )
+    loop = ref_loop(schema)
+    if loop is not None:
+        raise ValueError(
+            f"tool {name!r}: the {what} schema's references loop without descending into the "
+            f"value ({' -> '.join(loop)}), which no value could be checked against"
         )
     if "type" not in schema:
         schema = {"type": "object", **schema}
@@ -206,25 +214,6 @@ def _compile_object_schema(
     except Exception as exc:
         raise ValueError(f"tool {name!r}: invalid {what} schema: {exc}") from exc
     return schema, validator
-
-
-def _outside_ref(schema: object) -> str | None:
-    """A `$ref` that does not point inside the schema, if there is one (no recursion).
-
-    Data keywords (`enum`, `const`, ...) are searched too: fastjsonschema resolves a `$ref`
-    wherever it appears.
-    """
-    pending = [schema]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and not ref.startswith("#"):
-                return ref
-            pending.extend(node.values())
-        elif isinstance(node, list):
-            pending.extend(node)
-    return None
 
 
 def _refuse_fetch(uri: str) -> NoReturn:
@@ -351,12 +340,32 @@ def freeze_arguments(arguments: object) -> FrozenDict:
             else:
                 return _frozen(arguments)
         if not isinstance(arguments, Mapping):
-            raise InvalidArguments(f"must be a mapping, got {type_name(arguments)}")
+            raise InvalidArguments(_not_a_mapping(arguments))
         return _freeze_mapping(arguments, 0, set())
     except (InvalidArguments, *_INTERRUPTS):
         raise
     except BaseException as exc:
         raise _unreadable(arguments, exc) from None
+
+
+def _not_a_mapping(arguments: object) -> str:
+    """Why `arguments` are refused; for text (what a model or an adapter hands on), whether it
+    is JSON at all."""
+    if not isinstance(arguments, str):
+        return f"must be a mapping, got {type_name(arguments)}"
+    import json  # only here: a failed call, and `import toolreg` does not load json
+
+    try:
+        decoded = json.loads(arguments)
+    except (ValueError, RecursionError) as exc:
+        return f"not valid JSON ({safe_str(exc)}); a JSON object is expected"
+    if isinstance(decoded, dict):
+        return "must be a mapping, got str (JSON text: decode it first)"
+    return f"a JSON object is expected, got JSON {_JSON_KINDS.get(type(decoded), 'text')}"
+
+
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "true/false"}
+_JSON_KINDS[type(None)] = "null"
 
 
 def _freeze(value: object, depth: int, active: set[int]) -> object:

@@ -1,8 +1,10 @@
 """Call hooks at work: starting a call's traces, running a body inside them, ending them.
 
-A trace is user code on the call path, so every step here is guarded: an exception from a hook
-or a trace is logged and never changes the call, and a registry with no call hooks pays one
-empty-tuple check per call.
+A trace is user code on the call path, so every step here is guarded: any exception from a hook
+or a trace, a `BaseException` such as `GeneratorExit` included, is logged and never changes the
+call (its outcome stands and the observers see it once). Only an interrupt (`KeyboardInterrupt`,
+`SystemExit`) goes on, to the caller, which makes it the call's (section 3.6 of the contract).
+A registry with no call hooks pays one empty-tuple check per call.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._hooks import CallHook, CallTrace
+from ._interrupts import INTERRUPTS
 from ._logger import logger
 
 if TYPE_CHECKING:
@@ -28,7 +31,9 @@ def start_traces(
     for hook in hooks:
         try:
             trace = hook(call, token)
-        except Exception:
+        except INTERRUPTS:
+            raise
+        except BaseException:
             logger.exception("toolreg: call hook %r raised", hook)
             continue
         if trace is not None:
@@ -50,7 +55,9 @@ def run_inside(traces: tuple[CallTrace, ...], ctx: Any, body: Callable[[], Any])
         try:
             scope = make(ctx)
             scope.__enter__()
-        except Exception:
+        except INTERRUPTS:
+            raise
+        except BaseException:
             logger.exception("toolreg: call trace %r failed to enter a body", trace)
             continue
         entered.append((scope, trace))
@@ -60,7 +67,9 @@ def run_inside(traces: tuple[CallTrace, ...], ctx: Any, body: Callable[[], Any])
         for scope, trace in reversed(entered):
             try:
                 scope.__exit__(None, None, None)
-            except Exception:
+            except INTERRUPTS:
+                raise
+            except BaseException:
                 logger.exception("toolreg: call trace %r failed to leave a body", trace)
 
 
@@ -72,7 +81,9 @@ def notify_traces(traces: tuple[CallTrace, ...], method: str, *args: Any) -> Non
             continue
         try:
             handler(*args)
-        except Exception:
+        except INTERRUPTS:
+            raise
+        except BaseException:
             logger.exception("toolreg: call trace %r raised in %s()", trace, method)
 
 

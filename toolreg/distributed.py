@@ -55,6 +55,7 @@ from ._dask_outcome import RemoteToolError as RemoteToolError
 from ._dask_outcome import RemoteTraceback as RemoteTraceback
 from ._dask_outcome import RemoteWorkerLost as RemoteWorkerLost
 from ._dask_worker import RemoteContext as RemoteContext
+from ._public import report_public
 
 __all__ = [
     "DaskBackend",
@@ -65,5 +66,5 @@ __all__ = [
 ]
 
 for _name in __all__:
-    globals()[_name].__module__ = __name__
+    report_public(globals()[_name], __name__)
 del _name

@@ -8,14 +8,16 @@ direction: `mount(registry, upstream)` registers the tools of an upstream MCP se
 registry, and `python -m toolreg mcp --config servers.json` serves several upstreams (and an
 optional local registry) as one server, a gateway.
 
-What a client's cancel does. Everything that ends a request on the client's side cancels
-that request's own `CancelSource`: `notifications/cancelled` (the client's cancel, or its read
+What a client's cancel does. Everything that ends a request on the client's side cancels that
+request's own `CancelSource`: `notifications/cancelled` (the client's cancel, or its read
 timeout, which sends one), a disconnect, the end of the connection, server shutdown. The body
 sees `ctx.token.reason`, a `RequestCancelled` whose `str()` names the request and the client's
-stated reason. The handler returns only after the call has settled: an uncooperative body is
-waited for (never abandoned) while other requests are answered. A request the client cancelled
-is never answered, and a request cancelled while waiting for `max_concurrent_calls` runs
-nothing (observers still see `ABORTED_BEFORE_DISPATCH`).
+stated reason (the per-request HTTP wire of 2026-07-28 carries none). On streamable HTTP a
+client that drops a session's response stream cancels its call only if the stream cannot be
+resumed (the app keeps no event store). The handler returns only after the call has settled: an
+uncooperative body is waited for (never abandoned) while other requests are answered. A request
+the client cancelled is never answered, and a request cancelled while waiting for
+`max_concurrent_calls` runs nothing (observers still see `ABORTED_BEFORE_DISPATCH`).
 
 Results: a success is text content (`result.content`) plus `structuredContent` when the value
 is a JSON object; a failure (`INVALID_ARGS`, `DENIED`, `TOOL_ERROR`, `HOOK_ERROR`,
@@ -46,7 +48,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -62,9 +64,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from . import ToolRegistry  # the public class, through the package (it loads with it)
 from ._cancel import CancelToken
 from ._mcp_bridge import Bridge, Connection
+from ._mcp_http import McpServer
 from ._mcp_mount import Mount, mount
 from ._mcp_results import RequestCancelled
 from ._mcp_upstream import UpstreamError, UpstreamToolError, UpstreamUnavailable
+from ._public import report_public
+from ._text import escape_surrogates
 
 __all__ = [
     "Mount",
@@ -79,8 +84,8 @@ __all__ = [
 
 # Reported where users import them from.
 for _public in (Mount, RequestCancelled, UpstreamError, UpstreamToolError, UpstreamUnavailable):
-    _public.__module__ = __name__
-mount.__module__ = __name__
+    report_public(_public, __name__)
+report_public(mount, __name__)
 del _public
 
 Transport = Literal["stdio", "streamable-http"]
@@ -112,34 +117,56 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     path: str = "/mcp",
+    *,
+    allowed_hosts: Iterable[str] = (),
+    allowed_origins: Iterable[str] = (),
     **build_kw: Any,
 ) -> None:
     """Serve `registry` over MCP until stopped; blocks. `build_kw` goes to `build_server`.
 
     `"stdio"`: the protocol runs on the process's stdin and stdout; while serving, fd 0 reads
     from the null device and fd 1 writes to stderr, so a tool's `print()` or a child process's
-    output never corrupts the stream. EOF on stdin, SIGTERM or SIGINT cancels every call in
-    flight and joins it (those requests are not answered: the connection is closing), then
-    `serve` returns. `"streamable-http"`: uvicorn on `host:port` (127.0.0.1 by default) at
-    `path`; SIGTERM or SIGINT cancels and joins the calls, then stops the server. Signals are
-    handled only when `serve` runs on the main thread. Never closes the registry. Call it from
-    synchronous code (it runs its own event loop); inside a loop use `build_server`.
+    output never corrupts the stream. EOF on stdin, SIGTERM, SIGINT or a client that stopped
+    reading cancels every call in flight and joins it (those requests are not answered: the
+    connection is closing), then `serve` returns. A line that cannot be read is answered with an
+    error (for its id when it can be read). `"streamable-http"`: uvicorn on `host:port`
+    (127.0.0.1 by default) at `path`; SIGTERM or SIGINT cancels and joins the calls, then stops
+    the server. Signals are handled only when `serve` runs on the main thread. Never closes the
+    registry. Call it from synchronous code (it runs its own event loop); inside a loop use
+    `build_server`.
+
+    HTTP requests are checked against DNS rebinding, whatever the bind address: one whose
+    `Origin` (a browser's page) is not a loopback origin or one of `allowed_origins` is refused
+    with 403, one whose `Host` is not a loopback name, the bind address or one of
+    `allowed_hosts` (a host without a port matches any port) with 421. Binding beyond loopback
+    logs a warning saying what is exposed to whom.
     """
     if transport not in ("stdio", "streamable-http"):
         raise ValueError(f"transport must be 'stdio' or 'streamable-http', got {transport!r}")
     if transport == "streamable-http":
         _check_http(host, port, path)
+    hosts = _allowed(allowed_hosts, "allowed_hosts")
+    origins = _allowed(allowed_origins, "allowed_origins")
     server, bridge = _build(registry, **build_kw)
     from . import _mcp_transports
 
     if transport == "stdio":
-        lines = _mcp_transports.StdinLines()  # takes fd 0 over until restore()
+        from ._mcp_stdio import StdinLines, StdoutLines
+
+        lines = StdinLines()  # takes fd 0 over until restore()
         try:
-            anyio.run(_mcp_transports.serve_stdio, server, bridge, lines, backend="asyncio")
+            out = StdoutLines()  # takes fd 1 over until restore()
+            try:
+                anyio.run(
+                    _mcp_transports.serve_stdio, server, bridge, lines, out, backend="asyncio"
+                )
+            finally:
+                out.restore()
         finally:
             lines.restore()
     else:
-        anyio.run(_mcp_transports.serve_http, server, bridge, host, port, path, backend="asyncio")
+        serve_http = _mcp_transports.serve_http
+        anyio.run(serve_http, server, bridge, host, port, path, hosts, origins, backend="asyncio")
 
 
 def _build(
@@ -172,10 +199,10 @@ def _build(
     async def connection(server: Server[Connection]) -> AsyncIterator[Connection]:
         yield Connection()  # one per Server.run (a stdio or in-memory connection), one per app
 
-    server: Server[Connection] = Server(
-        name,
-        version=version if version is not None else _own_version(),
-        instructions=instructions,
+    server: Server[Connection] = McpServer(
+        escape_surrogates(name),  # argv, say, may hold text UTF-8 cannot carry
+        version=escape_surrogates(version) if version is not None else _own_version(),
+        instructions=escape_surrogates(instructions) if instructions is not None else None,
         lifespan=connection,
         get_tool_input_schema=bridge.input_schema,
         on_list_tools=bridge.list_tools,
@@ -200,3 +227,14 @@ def _check_http(host: object, port: object, path: object) -> None:
         raise ValueError(f"port must be an int in 0..65535 (0: any free port), got {port!r}")
     if not isinstance(path, str) or not path.startswith("/"):
         raise ValueError(f"path must be a str starting with '/', got {path!r}")
+
+
+def _allowed(values: object, what: str) -> tuple[str, ...]:
+    """`values` as a tuple of non-empty str (a bare str is refused: it is not a list of names)."""
+    if isinstance(values, str) or not isinstance(values, Iterable):
+        raise TypeError(f"{what} must be an iterable of str, got {type(values).__name__}")
+    found = tuple(values)
+    for value in found:
+        if not isinstance(value, str) or not value.strip() or value != value.strip():
+            raise ValueError(f"{what} must hold non-empty str, unpadded; got {value!r}")
+    return found

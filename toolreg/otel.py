@@ -78,6 +78,7 @@ import toolreg
 from . import ToolRegistry  # the public class, through the package (it loads with it)
 from ._cancel import CancelToken, Registration, timeout_of
 from ._results import ErrorCode, ToolCall, ToolResult
+from ._text import safe_str
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -384,14 +385,9 @@ def _ns(seconds: float) -> int:
 
 
 def _text(value: object) -> str:
-    """`str(value)` for an attribute, or a placeholder naming its type if that raises."""
-    if type(value) is str:
-        return value
-    try:
-        text = str(value)
-    except Exception:
-        return f"<{type(value).__name__} whose str() raised>"
-    return text if isinstance(text, str) else f"<{type(value).__name__}>"
+    """`str(value)` for an attribute, or a placeholder naming its type if that raises anything
+    (a `GeneratorExit` too: without tracing, such a reason leaves the call unchanged)."""
+    return value if type(value) is str else safe_str(value)
 
 
 def _own_version() -> str | None:
