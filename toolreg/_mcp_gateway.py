@@ -38,6 +38,7 @@ PROG = "python -m toolreg mcp"
 WORKERS = 32  # a registry the gateway makes: one worker per call the server admits at once
 _NAME_RULE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The gateway's options of the `mcp` subcommand."""
     parser.add_argument(

@@ -144,9 +144,7 @@ class _RegistryTool(BaseTool):
         tool_input, run_kwargs = _prepare(input, config, kwargs)
         return self.run(tool_input, **run_kwargs)
 
-    async def ainvoke(
-        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Any:
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         """`BaseTool.ainvoke`, also for a tool call whose `args` is not a mapping."""
         tool_input, run_kwargs = _prepare(input, config, kwargs)
         return await self.arun(tool_input, **run_kwargs)

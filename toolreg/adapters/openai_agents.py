@@ -56,6 +56,7 @@ from ._common import (
 
 __all__ = ["AgentToolset"]
 
+
 class AgentToolset:
     """Registry tools as OpenAI Agents SDK `FunctionTool`s, and the wait for abandoned calls.
 
