@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,39 @@ def test_a_bad_mcp_target_is_a_usage_error() -> None:
     error = done.stderr.rstrip("\n").rpartition("\n")[2]
     expected = "error: TARGET no_such_module_here: No module named 'no_such_module_here'"
     assert error.endswith(expected)
+
+
+WITHOUT_THE_SDK = """
+import runpy, sys
+sys.modules["mcp"] = sys.modules["mcp_types"] = None  # as if the mcp extra were not installed
+sys.argv = ["python -m toolreg", *sys.argv[1:]]
+runpy.run_module("toolreg", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "says"),
+    [
+        (["mcp", "--help"], 0, "Serve the tools of a ToolRegistry"),
+        (["mcp", "mcp_fixture", "--port", "80"], 2, "--port: only with --transport streamable"),
+        (["mcp", "mcp_fixture"], 2, "needs the MCP SDK: pip install 'toolreg-quiescent[mcp]'"),
+        (["mcp", "--config", "servers.json"], 2, "needs the MCP SDK"),
+    ],
+)
+def test_the_mcp_command_reads_its_options_without_the_sdk(
+    args: list[str], status: int, says: str
+) -> None:
+    # Every command loads `toolreg.mcp._cli` (its options): `toolreg.mcp` must load no SDK.
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_THE_SDK, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=TESTS,
+    )
+    assert done.returncode == status, done.stderr
+    assert "Traceback" not in done.stderr
+    assert says in done.stdout + done.stderr
 
 
 def test_mcp_on_a_taken_port_says_so_in_one_line() -> None:

@@ -134,7 +134,8 @@ MODULES = {
     ],
     "toolreg.providers.openai": ["arun_tool_calls", "run_tool_calls", "tool_calls", "tools"],
 }
-# A module that needs an extra imports it at once: without it, its pin is skipped (with why).
+# A module whose names need an extra (toolreg.mcp loads its SDK when a name is first looked up):
+# without it, its pin is skipped (with why).
 NEEDS_EXTRA = {"toolreg.mcp": ("mcp", "mcp")}  # module -> (what it imports, the extra)
 
 
@@ -174,9 +175,9 @@ def test_the_annotations_of_every_public_class_resolve(module_name: str) -> None
     resolves, although its `__module__` names the public module, not the one defining it."""
     try:
         module = importlib.import_module(module_name)
+        classes = [getattr(module, name) for name in module.__all__]
     except ImportError as exc:  # an integration whose extra is not installed
         pytest.skip(f"{module_name} needs its extra: {exc}")
-    classes = [getattr(module, name) for name in module.__all__]
     classes = [value for value in classes if isinstance(value, type)]
     for cls in classes:
         hints = typing.get_type_hints(cls)

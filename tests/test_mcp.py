@@ -189,17 +189,19 @@ def meta(result: types.CallToolResult) -> dict[str, Any]:
 
 
 def test_importing_toolreg_never_imports_the_mcp_sdk() -> None:
+    # The command line reads the `mcp` command's options (`toolreg.mcp._cli`) without the SDK.
     code = (
-        "import sys, toolreg, toolreg.aio, toolreg.log, toolreg.process, toolreg.__main__\n"
+        "import sys, toolreg, toolreg.aio, toolreg.log, toolreg.process\n"
+        "before = sorted(m for m in sys.modules if m.startswith('toolreg.mcp'))\n"
+        "import toolreg.__main__\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('mcp', 'mcp_types', 'uvicorn', 'starlette') or m.startswith('toolreg.mcp') "
-        "or m.startswith('toolreg._mcp_bridge') or m.startswith('toolreg._mcp_transports'))\n"
-        "print(loaded)\n"
+        "('mcp', 'mcp_types', 'uvicorn', 'starlette') or m.startswith('toolreg.mcp'))\n"
+        "print(before, loaded)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT, check=True
     )
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == "[] ['toolreg.mcp', 'toolreg.mcp._cli']"
 
 
 def test_the_public_names_of_toolreg_mcp_are_pinned() -> None:
@@ -242,7 +244,7 @@ def test_build_server_and_serve_refuse_bad_arguments_before_anything_runs() -> N
 
 def test_the_http_socket_listens_before_its_address_is_announced() -> None:
     """`serve` logs the URL before uvicorn serves: a client connecting then must not be refused."""
-    from toolreg._mcp_transports import _bound
+    from toolreg.mcp._transports import _bound
 
     with _bound("127.0.0.1", 0) as sock, socket.create_connection(sock.getsockname()[:2], WAIT):
         pass  # connected: the socket listens already
@@ -251,21 +253,21 @@ def test_the_http_socket_listens_before_its_address_is_announced() -> None:
 def test_the_cli_target_names_a_registry_or_a_factory_and_bad_targets_exit_2(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from toolreg import _mcp_cli
     from toolreg.__main__ import main
+    from toolreg.mcp import _cli as mcp_cli
 
     monkeypatch.syspath_prepend(str(TESTS))
     import mcp_fixture
 
-    assert _mcp_cli.load_registry("mcp_fixture") == (mcp_fixture.registry, False)
-    made, owned = _mcp_cli.load_registry("mcp_fixture:make_registry")
+    assert mcp_cli.load_registry("mcp_fixture") == (mcp_fixture.registry, False)
+    made, owned = mcp_cli.load_registry("mcp_fixture:make_registry")
     assert owned and [tool.name for tool in made.tools()] == ["add"]
     made.close()
     # A dotted attribute: an object in the module holding the registry, or a factory.
     holder = SimpleNamespace(registry=mcp_fixture.registry, make=mcp_fixture.make_registry)
     monkeypatch.setattr(mcp_fixture, "holder", holder, raising=False)
-    assert _mcp_cli.load_registry("mcp_fixture:holder.registry") == (mcp_fixture.registry, False)
-    made, owned = _mcp_cli.load_registry("mcp_fixture:holder.make")
+    assert mcp_cli.load_registry("mcp_fixture:holder.registry") == (mcp_fixture.registry, False)
+    made, owned = mcp_cli.load_registry("mcp_fixture:holder.make")
     assert owned and [tool.name for tool in made.tools()] == ["add"]
     made.close()
     for target, problem in [

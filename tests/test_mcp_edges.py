@@ -254,7 +254,7 @@ def test_stdio_output_a_tool_left_buffered_never_reaches_the_wire_after_serving(
 
 
 def test_stdio_an_answer_that_cannot_be_encoded_becomes_an_error_for_its_request() -> None:
-    from toolreg._mcp_stdio import _encode
+    from toolreg.mcp._stdio import _encode
 
     unencodable = types.JSONRPCResponse(jsonrpc="2.0", id=3, result={"text": LATIN1_NAME})
     line = _encode(unencodable)

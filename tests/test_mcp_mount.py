@@ -328,7 +328,7 @@ def test_the_wire_records_each_calls_request_id_and_drops_only_a_duplicate_cance
     import mcp_types as types
     from mcp.shared.message import SessionMessage
 
-    from toolreg._mcp_wire import CURRENT_CALL, OWN_CANCEL, Outbound  # white-box: the seam
+    from toolreg.mcp._wire import CURRENT_CALL, OWN_CANCEL, Outbound  # white-box: the seam
 
     class Call:
         request_id: Any = None

@@ -15,8 +15,9 @@ from typing import Protocol
 
 import toolreg
 
-from . import _demo, _mcp_cli, _report, _stats
+from . import _demo, _report, _stats
 from ._cli import UsageError
+from .mcp import _cli as _mcp_cli
 
 
 class _Command(Protocol):

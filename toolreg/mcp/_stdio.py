@@ -37,7 +37,7 @@ import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 
-from ._text import safe_str
+from .._text import safe_str
 
 __all__ = ["StdinLines", "StdoutLines", "refusal", "stdio_streams"]
 

@@ -20,7 +20,7 @@ How a request ends on the client's side, and the reason the body sees:
   no reason there: `RequestCancelled(id, "client")`.
 * a handshake-era HTTP client dropping the POST stream of its request: the SDK goes on with the
   handler, so `_watch_drop` cancels the source (`"closed"`) when the stream cannot be resumed,
-  and only logs the drop when it can (`_mcp_http`).
+  and only logs the drop when it can (`_http`).
 
 The cancel runs on toolreg's helper threads (`_helper.HELPER`), never on the event loop:
 cancelling runs every callback registered on the call's token, a body's own `on_cancel`
@@ -60,16 +60,16 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import is_version_at_least
 
-from . import ToolRegistry  # the public class, through the package (it loads with it)
-from ._cancel import CancelSource, CancelToken
-from ._helper import HELPER
-from ._mcp_http import DROP_KEY, Drop
-from ._mcp_loop import ProgressPump
-from ._mcp_results import RequestCancelled, RequestId, answer, wire_json
-from ._results import ToolCall, ToolResult
-from ._text import escape_surrogates, safe_str
-from .adapters._common import wait_settled
-from .aio import AsyncToolRegistry
+from .. import ToolRegistry  # the public class, through the package (it loads with it)
+from .._cancel import CancelSource, CancelToken
+from .._helper import HELPER
+from .._results import ToolCall, ToolResult
+from .._text import escape_surrogates, safe_str
+from ..adapters._common import wait_settled
+from ..aio import AsyncToolRegistry
+from ._http import DROP_KEY, Drop
+from ._loop import ProgressPump
+from ._results import RequestCancelled, RequestId, answer, wire_json
 
 __all__ = ["REASON_WAIT", "Bridge", "Connection"]
 
@@ -334,7 +334,7 @@ def _per_request(ctx: ServerRequestContext[Connection]) -> bool:
 def _watch_drop(
     ctx: ServerRequestContext[Connection], request_id: RequestId, source: CancelSource
 ) -> Callable[[], None]:
-    """Cancel the call if the client drops a stream it cannot resume (`_mcp_http`); returns
+    """Cancel the call if the client drops a stream it cannot resume (`_http`); returns
     what stops watching."""
     scope = getattr(ctx.request, "scope", None)
     drop = scope.get(DROP_KEY) if isinstance(scope, dict) else None

@@ -14,8 +14,8 @@ import logging
 import sys
 from typing import Any
 
-from . import ToolRegistry  # the public class, through the package (it loads with it)
-from ._cli import UsageError
+from .. import ToolRegistry  # the public class, through the package (it loads with it)
+from .._cli import UsageError
 
 __all__ = ["EXAMPLES", "HELP", "add_arguments", "load_registry", "run", "serve"]
 
@@ -80,9 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="HTTP: a Host header allowed besides loopback names and the bind address, e.g. "
         "tools.example or tools.example:8000 (repeatable; others get 421)",
     )
-    from . import _mcp_gateway  # --config, --log, --timeout, --cancel-grace
+    from . import _gateway  # --config, --log, --timeout, --cancel-grace
 
-    _mcp_gateway.add_arguments(parser)
+    _gateway.add_arguments(parser)
 
 
 def _host(text: str) -> str:
@@ -161,7 +161,7 @@ def serve(registry: ToolRegistry, args: argparse.Namespace) -> int:
 
     0 after a clean stop, 1 if it cannot listen on the address asked for.
     """
-    from . import mcp
+    from . import serve as serve_registry
 
     http = _http_options(args)
     # stderr is the log channel of a stdio server (stdout carries the protocol).
@@ -170,7 +170,7 @@ def serve(registry: ToolRegistry, args: argparse.Namespace) -> int:
     )
     logging.getLogger("toolreg").setLevel(logging.INFO)
     try:
-        mcp.serve(registry, transport=args.transport, name=args.name, **http)
+        serve_registry(registry, transport=args.transport, name=args.name, **http)
     except OSError as exc:  # the address is taken, or not this machine's
         where = f"{http['host']}:{http['port']}"
         print(f"python -m toolreg mcp: cannot serve on {where}: {exc}", file=sys.stderr)
@@ -181,13 +181,13 @@ def serve(registry: ToolRegistry, args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """Serve until stopped; 0 after a clean stop, 1 if it cannot listen (or an upstream cannot
     be mounted), 2 for a bad target, a misplaced option or a missing extra."""
-    from . import _mcp_gateway
+    from . import _gateway
 
     _http_options(args)  # a misplaced HTTP option is refused before anything loads
-    if args.target is None or _mcp_gateway.wanted(args):
-        return _mcp_gateway.run(args)  # --config, --log, --timeout: the gateway's options
+    if args.target is None or _gateway.wanted(args):
+        return _gateway.run(args)  # --config, --log, --timeout: the gateway's options
     try:
-        from . import mcp  # noqa: F401 - here, so that a missing extra is exit status 2
+        from . import _server  # noqa: F401 - here, so that a missing extra is exit status 2
     except ImportError as exc:
         print(f"python -m toolreg mcp: {exc}", file=sys.stderr)
         return 2

@@ -26,11 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from . import TimeoutPolicy, ToolRegistry  # the public classes, through the package
-from ._cli import UsageError
+from .. import TimeoutPolicy, ToolRegistry  # the public classes, through the package
+from .._cli import UsageError
 
 if TYPE_CHECKING:
-    from .mcp import Mount
+    from ._mount import Mount
 
 __all__ = ["add_arguments", "read_config", "run", "wanted"]
 
@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
     if args.cancel_grace is not None and args.config is None:
         raise UsageError("--cancel-grace applies to upstreams: it needs --config")
     try:
-        from . import mcp
-        from ._mcp_upstream import parse_upstream
+        from . import mount
+        from ._upstream import parse_upstream
 
         servers = read_config(args.config) if args.config is not None else {}
         for name, entry in servers.items():
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         policy = TimeoutPolicy(default=args.timeout) if args.timeout is not None else None
     except (ImportError, OSError, TypeError, ValueError) as exc:
         return _fail(str(exc), 2)
-    from ._mcp_cli import load_registry, serve
+    from ._cli import load_registry, serve
 
     with ExitStack() as stack:
         try:
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             return _fail(str(exc), 2)
         grace = 1.0 if args.cancel_grace is None else args.cancel_grace
         try:
-            for mounted in _mount_all(mcp.mount, registry, servers, grace):
+            for mounted in _mount_all(mount, registry, servers, grace):
                 stack.callback(mounted.close)
         except _MountFailed as exc:
             return _fail(str(exc), 1)
@@ -145,7 +145,7 @@ def _registry(target: str | None, stack: ExitStack, load: Any) -> ToolRegistry:
 
 
 def _add_log(registry: ToolRegistry, path: str, stack: ExitStack) -> None:
-    from .log import ResultLog
+    from ..log import ResultLog
 
     log = ResultLog(path)
     stack.callback(log.close)  # after the observer is gone (the stack unwinds in reverse)

@@ -15,8 +15,8 @@ from typing import Any, Literal
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-from ._results import ErrorCode, ToolResult
-from ._text import SURROGATE, escape_surrogates
+from .._results import ErrorCode, ToolResult
+from .._text import SURROGATE, escape_surrogates
 
 __all__ = ["RequestCancelled", "RequestId", "answer", "wire_json"]
 

@@ -1,50 +1,5 @@
-"""Serve a `ToolRegistry` over the Model Context Protocol (extra `toolreg[mcp]`).
-
-`build_server(registry)` returns the official SDK's low-level `mcp.server.Server`, whose
-`tools/list` is the registry's `mcp` catalog and whose `tools/call` runs a model-driven call
-with toolreg's cancellation contract; `serve(registry)` runs it over stdio or streamable HTTP;
-`python -m toolreg mcp package.module:registry` does that from the command line. The other
-direction: `mount(registry, upstream)` registers the tools of an upstream MCP server in a
-registry, and `python -m toolreg mcp --config servers.json` serves several upstreams (and an
-optional local registry) as one server, a gateway.
-
-What a client's cancel does. Everything that ends a request on the client's side cancels that
-request's own `CancelSource`: `notifications/cancelled` (the client's cancel, or its read
-timeout, which sends one), a disconnect, the end of the connection, server shutdown. The body
-sees `ctx.token.reason`, a `RequestCancelled` whose `str()` names the request and the client's
-stated reason (the per-request HTTP wire of 2026-07-28 carries none). On streamable HTTP a
-client that drops a session's response stream cancels its call only if the stream cannot be
-resumed (the app keeps no event store). The handler returns only after the call has settled: an
-uncooperative body is waited for (never abandoned) while other requests are answered. A request
-the client cancelled is never answered, and a request cancelled while waiting for
-`max_concurrent_calls` runs nothing (observers still see `ABORTED_BEFORE_DISPATCH`).
-
-Results: a success is text content (`result.content`) plus `structuredContent` when the value
-is a JSON object; a failure (`INVALID_ARGS`, `DENIED`, `TOOL_ERROR`, `HOOK_ERROR`,
-`TOOL_TIMEOUT`, and aborts the client did not cause) is `isError: true` with the error text; an
-unknown tool is the protocol error -32602; a call that could not run at all (a closed registry,
-a refusing executor) -32603. `_meta` carries
-`toolreg/code` (null on success), `toolreg/dispatched`, `toolreg/callId` and, when they are
-JSON, the deferred contexts as `toolreg/contexts`. A body's `ctx.report_progress` becomes
-`notifications/progress` (coalesced to the latest) when the request carried a progress token,
-only while the request is live.
-
-The server runs on an asyncio event loop (calls go through `toolreg.aio`). Importing
-`toolreg` never imports this module or the SDK.
-
-Example::
-
-    from toolreg import ToolRegistry
-    from toolreg.mcp import serve
-
-    registry = ToolRegistry()
-
-    @registry.tool(description="Add two numbers")
-    def add(args, ctx):
-        return {"sum": args["a"] + args["b"]}
-
-    serve(registry)   # stdio; or serve(registry, transport="streamable-http", port=8000)
-"""
+"""`build_server` and `serve`: a registry behind the SDK's low-level `Server` (see the package
+docstring, `toolreg.mcp`, for what they promise). Importing this module imports the MCP SDK."""
 
 from __future__ import annotations
 
@@ -61,32 +16,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "toolreg.mcp needs the MCP SDK: pip install 'toolreg-quiescent[mcp]'"
     ) from exc
 
-from . import ToolRegistry  # the public class, through the package (it loads with it)
-from ._cancel import CancelToken
-from ._mcp_bridge import Bridge, Connection
-from ._mcp_http import McpServer
-from ._mcp_mount import Mount, mount
-from ._mcp_results import RequestCancelled
-from ._mcp_upstream import UpstreamError, UpstreamToolError, UpstreamUnavailable
-from ._public import report_public
-from ._text import escape_surrogates
+from .. import ToolRegistry  # the public class, through the package (it loads with it)
+from .._cancel import CancelToken
+from .._text import escape_surrogates
+from ._bridge import Bridge, Connection
+from ._http import McpServer
 
-__all__ = [
-    "Mount",
-    "RequestCancelled",
-    "UpstreamError",
-    "UpstreamToolError",
-    "UpstreamUnavailable",
-    "build_server",
-    "mount",
-    "serve",
-]
-
-# Reported where users import them from.
-for _public in (Mount, RequestCancelled, UpstreamError, UpstreamToolError, UpstreamUnavailable):
-    report_public(_public, __name__)
-report_public(mount, __name__)
-del _public
+__all__ = ["build_server", "serve"]
 
 Transport = Literal["stdio", "streamable-http"]
 
@@ -99,7 +35,7 @@ def build_server(
     token: CancelToken | None = None,
     max_concurrent_calls: int = 32,
 ) -> Server[Connection]:
-    """An MCP low-level `Server` that serves `registry`'s tools; see the module docstring.
+    """An MCP low-level `Server` that serves `registry`'s tools; see `toolreg.mcp`.
 
     `version=None` advertises toolreg's own version. `token` cancels every call (each request
     runs under a child of it). `max_concurrent_calls` bounds the calls in the registry at once;
@@ -148,24 +84,22 @@ def serve(
     hosts = _allowed(allowed_hosts, "allowed_hosts")
     origins = _allowed(allowed_origins, "allowed_origins")
     server, bridge = _build(registry, **build_kw)
-    from . import _mcp_transports
+    from . import _transports
 
     if transport == "stdio":
-        from ._mcp_stdio import StdinLines, StdoutLines
+        from ._stdio import StdinLines, StdoutLines
 
         lines = StdinLines()  # takes fd 0 over until restore()
         try:
             out = StdoutLines()  # takes fd 1 over until restore()
             try:
-                anyio.run(
-                    _mcp_transports.serve_stdio, server, bridge, lines, out, backend="asyncio"
-                )
+                anyio.run(_transports.serve_stdio, server, bridge, lines, out, backend="asyncio")
             finally:
                 out.restore()
         finally:
             lines.restore()
     else:
-        serve_http = _mcp_transports.serve_http
+        serve_http = _transports.serve_http
         anyio.run(serve_http, server, bridge, host, port, path, hosts, origins, backend="asyncio")
 
 

@@ -4,12 +4,12 @@ A `Mount` registers one tool per upstream tool (`prefix + name`, with the upstre
 description, input schema, title and annotations) and keeps that set in step with the
 upstream: after a `tools/list_changed` and after a reconnection the tools are listed again and
 registrations are added, replaced or removed. A mounted tool's body runs on a registry worker,
-like any body: it hands the call to the mount's event loop (`_mcp_session`), relays the
+like any body: it hands the call to the mount's event loop (`_session`), relays the
 upstream's progress to `ctx.report_progress` on its own thread, and turns the answer into a
 value or an exception; so the whole pipeline (hooks, approval, policies, observers, the log)
 runs on the caller's side.
 
-The registrations themselves live in `_mcp_registrations`: the first listing is applied by the
+The registrations themselves live in `_registrations`: the first listing is applied by the
 thread that calls `mount()`, later ones by a helper thread, never by the loop (registering runs
 the registry's `on_tools_changed` callbacks, user code).
 """
@@ -29,14 +29,14 @@ from typing import Any
 
 import mcp_types as types
 
-from . import CancelToken, ToolContext, ToolRegistry, _validate, thaw
-from ._cancel import Cancelled
-from ._helper import HELPER
-from ._mcp_registrations import Registrations
-from ._mcp_session import Call, Session
-from ._mcp_upstream import Upstream, UpstreamToolError, UpstreamUnavailable, parse_upstream
-from ._mcp_wire import LoopThread
-from ._text import safe_str
+from .. import CancelToken, ToolContext, ToolRegistry, _validate, thaw
+from .._cancel import Cancelled
+from .._helper import HELPER
+from .._text import safe_str
+from ._registrations import Registrations
+from ._session import Call, Session
+from ._upstream import Upstream, UpstreamToolError, UpstreamUnavailable, parse_upstream
+from ._wire import LoopThread
 
 __all__ = ["Mount", "mount"]
 

@@ -1,6 +1,6 @@
 """The client side of a mount: one upstream MCP session, driven on the mount's event loop.
 
-Everything in `Session` runs on that loop (`_mcp_wire.LoopThread`); the only thing another
+Everything in `Session` runs on that loop (`_wire.LoopThread`); the only thing another
 thread touches is a `Call`'s `events` queue (its body's thread reads it).
 
 A `_Link` is one connection: the SDK's `Client` (protocol era negotiated by `mode="auto"`:
@@ -11,7 +11,7 @@ call learns that the connection closed, or when the transport itself fails; the 
 opens a new link (within `timeout`) and lists the tools again.
 
 Request ids. Each connection mints its own JSON-RPC ids. A call learns the id of its own
-`tools/call` as the request is written (`_mcp_wire.Outbound`), so a cancel names exactly that
+`tools/call` as the request is written (`_wire.Outbound`), so a cancel names exactly that
 request, on exactly the connection that carries it.
 
 How a cancel travels (`Session.cancel`, on the loop, scheduled by the token's callback):
@@ -40,9 +40,9 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from ._mcp_upstream import Upstream, UpstreamError, UpstreamUnavailable
-from ._mcp_wire import CURRENT_CALL, OWN_CANCEL, Inbound, Outbound
-from ._text import describe, safe_str
+from .._text import describe, safe_str
+from ._upstream import Upstream, UpstreamError, UpstreamUnavailable
+from ._wire import CURRENT_CALL, OWN_CANCEL, Inbound, Outbound
 
 __all__ = ["LIVE", "Call", "Session"]
 

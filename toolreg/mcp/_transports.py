@@ -1,6 +1,6 @@
 """How `toolreg.mcp.serve` runs a server: stdio, and streamable HTTP on uvicorn.
 
-stdio. The wire is toolreg's own (`_mcp_stdio`: why the SDK's `stdio_server()` is not used).
+stdio. The wire is toolreg's own (`_stdio`: why the SDK's `stdio_server()` is not used).
 Shutdown is one path: EOF on stdin, a signal (SIGTERM, SIGINT) that ends the input stream
 itself, or a client that stopped reading (the writer ends the input). The SDK then sees EOF and
 cancels every request in flight; each call's source is cancelled and its body joined; only then
@@ -34,8 +34,8 @@ from mcp.server import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.message import SessionMessage
 
-from ._mcp_bridge import Bridge, Connection
-from ._mcp_stdio import StdinLines, StdoutLines, stdio_streams
+from ._bridge import Bridge, Connection
+from ._stdio import StdinLines, StdoutLines, stdio_streams
 
 if TYPE_CHECKING:
     import uvicorn

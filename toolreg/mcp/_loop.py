@@ -14,8 +14,8 @@ from typing import Any
 
 from mcp.server.context import ServerRequestContext
 
-from ._progress import ToolProgress
-from ._text import escape_surrogates
+from .._progress import ToolProgress
+from .._text import escape_surrogates
 
 __all__ = ["ProgressPump"]
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import mcp_types as types
 
-from . import Registration, Tool, ToolRegistry  # the public classes, through the package
+from .. import Registration, Tool, ToolRegistry  # the public classes, through the package
 
 __all__ = ["Body", "Registrations"]
 
