@@ -1,4 +1,4 @@
-"""The claim board (`toolreg._dask_board`), handler by handler, without a cluster.
+"""The claim board (`toolreg.distributed._board`), handler by handler, without a cluster.
 
 On the scheduler every handler runs on the one event loop, so calling them one after the other
 here is exactly the interleaving a scheduler produces (docs/contract.md A.11).
@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("distributed")
 
-from toolreg._dask_board import ClaimBoard
+from toolreg.distributed._board import ClaimBoard
 
 KEY = "toolreg-crunch-0001"
 

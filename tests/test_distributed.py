@@ -615,7 +615,7 @@ def test_importing_toolreg_never_imports_dask() -> None:
     code = (
         "import sys, toolreg, toolreg.aio, toolreg.log, toolreg.process\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('dask', 'distributed', 'cloudpickle') or m.startswith('toolreg._dask')))\n"
+        "('dask', 'distributed', 'cloudpickle') or m.startswith('toolreg.distributed')))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT, check=True

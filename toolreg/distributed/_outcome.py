@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
-from ._cancel import Cancelled
-from ._text import describe, safe_str
+from .._cancel import Cancelled
+from .._text import describe, safe_str
 
 __all__ = [
     "ERROR",

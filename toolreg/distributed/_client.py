@@ -1,7 +1,7 @@
 """The caller side of `toolreg.distributed`: `DaskBackend` and the runner of a remote body.
 
 `backend.remote(fn)` marks a body with a `RemoteRunner` (`_catalog.RUNNER_ATTRIBUTE`); the
-registry calls it on the stage thread, and each call runs one `_dask_attempt.Attempt`.
+registry calls it on the stage thread, and each call runs one `_attempt.Attempt`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Any, TypeVar, cast
 import cloudpickle
 from distributed import Client
 
-from ._body import NotStarted, ToolContext
-from ._catalog import RUNNER_ATTRIBUTE
-from ._dask_attempt import Attempt, deliver
-from ._dask_board import BOARD_NAME, KEY_PREFIX, ClaimBoard
-from ._dask_outcome import RemoteToolError, dump_reason
+from .._body import NotStarted, ToolContext
+from .._catalog import RUNNER_ATTRIBUTE
+from ._attempt import Attempt, deliver
+from ._board import BOARD_NAME, KEY_PREFIX, ClaimBoard
+from ._outcome import RemoteToolError, dump_reason
 
 __all__ = ["DaskBackend"]
 

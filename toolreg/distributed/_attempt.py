@@ -3,7 +3,7 @@
 The registry calls a remote body's runner on the stage thread (see `_body.Runner`); each run is
 one attempt, a Dask task with a key of its own:
 
-1. Submit `_dask_worker.run_remote` under a fresh key, follow the future on the client's event
+1. Submit `_worker.run_remote` under a fresh key, follow the future on the client's event
    loop, and listen on the body's token. On the main thread a Ctrl-C is held back for those
    few lines (`deferred_sigint`), so it lands once the task exists and is followed.
 2. The token's cancellation sends `toolreg_cancel` to the board, from the client's event loop
@@ -35,10 +35,11 @@ from typing import Any, NoReturn, cast
 from distributed import Client
 from distributed.scheduler import KilledWorker
 
-from ._body import NotStarted, ToolContext
-from ._cancel import CancelToken, Registration
-from ._dask_board import REFUSED
-from ._dask_outcome import (
+from .._body import NotStarted, ToolContext
+from .._cancel import CancelToken, Registration
+from .._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, deferred_sigint
+from ._board import REFUSED
+from ._outcome import (
     ERROR,
     LOST,
     VALUE,
@@ -50,8 +51,7 @@ from ._dask_outcome import (
     load_error,
     load_value,
 )
-from ._dask_worker import run_remote
-from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, deferred_sigint
+from ._worker import run_remote
 
 __all__ = ["Attempt", "deliver"]
 

@@ -5,12 +5,12 @@
 1. It loads the body (unpickled once per worker process and cached) and creates the body's
    local `CancelSource`, registered with this worker's `_WorkerSide` *before* the claim, so a
    cancellation notice that arrives right after the claim finds it.
-2. It claims the call on the board (`_dask_board`): one RPC, answered on the scheduler's loop.
+2. It claims the call on the board (`_board`): one RPC, answered on the scheduler's loop.
    Refused: the body never starts. `rerun`: Dask is running the task again after losing the
    worker that started it; the body does not start a second time (`LOST`).
 3. It runs the body with a `RemoteContext`. A pre-aborted call (the caller's token was already
    cancelled at entry) starts with its local token cancelled, with the caller's reason.
-4. It pickles the outcome itself (`_dask_outcome`) and returns it.
+4. It pickles the outcome itself (`_outcome`) and returns it.
 
 Cancellation reaches a running body through one long poll per worker (`_WorkerSide._watch`, a
 coroutine on the worker's event loop, never a thread per body): the board answers it with the
@@ -33,9 +33,12 @@ from typing import Any, NoReturn
 import cloudpickle
 from distributed import get_worker
 
-from ._cancel import CancelSource, CancelToken
-from ._dask_board import REFUSED, STARTED
-from ._dask_outcome import (
+from .._cancel import CancelSource, CancelToken
+from .._jobs import JobThreads
+from .._progress import check_progress
+from .._results import ToolCall, ToolResult
+from ._board import REFUSED, STARTED
+from ._outcome import (
     LOST,
     Outcome,
     RemoteToolError,
@@ -43,9 +46,6 @@ from ._dask_outcome import (
     encode_value,
     load_reason,
 )
-from ._jobs import JobThreads
-from ._progress import check_progress
-from ._results import ToolCall, ToolResult
 
 __all__ = ["WATCH_SECONDS", "RemoteContext", "run_remote"]
 

@@ -50,12 +50,12 @@ the workers, or by value with cloudpickle), `async def` bodies are refused, and 
 raises `RuntimeError` in a remote body. Importing `toolreg` never imports this module or Dask.
 """
 
-from ._dask_client import DaskBackend as DaskBackend
-from ._dask_outcome import RemoteToolError as RemoteToolError
-from ._dask_outcome import RemoteTraceback as RemoteTraceback
-from ._dask_outcome import RemoteWorkerLost as RemoteWorkerLost
-from ._dask_worker import RemoteContext as RemoteContext
-from ._public import report_public
+from .._public import report_public
+from ._client import DaskBackend as DaskBackend
+from ._outcome import RemoteToolError as RemoteToolError
+from ._outcome import RemoteTraceback as RemoteTraceback
+from ._outcome import RemoteWorkerLost as RemoteWorkerLost
+from ._worker import RemoteContext as RemoteContext
 
 __all__ = [
     "DaskBackend",

@@ -14,7 +14,7 @@ time, so each is atomic:
   `REFUSED` for good; a `STARTED` body gets a notice for its worker's watcher, carrying the
   reason. A cancel that overtook the task itself (the client's graph message is batched, the
   cancel is not) leaves a `REFUSED` record that the task then finds.
-* `toolreg_watch(worker, timeout)`: a worker's one long poll for notices (see `_dask_worker`).
+* `toolreg_watch(worker, timeout)`: a worker's one long poll for notices (see `_worker`).
 * `toolreg_progress(key, topic, update)`: relays a body's progress to the client that owns it.
 
 A record is deleted when its task is forgotten by the scheduler (the client released its
