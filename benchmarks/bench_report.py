@@ -28,8 +28,8 @@ import statistics
 import subprocess
 import tempfile
 
-from toolreg._report import DEFAULT_OVERDUE, collect
-from toolreg._stats import read_logs
+from toolreg.report._cli import DEFAULT_OVERDUE, collect
+from toolreg.report._stats import read_logs
 
 from ._calls_log import write_log
 from ._harness import Row, interleaved, timed_once
@@ -41,7 +41,7 @@ _RENDERED = re.compile(r"TOOLREG-BENCH-RENDERED ([0-9.]+)")
 
 
 def measure(quick: bool) -> dict[str, float]:
-    from toolreg import _report_page
+    from toolreg.report import _page
 
     calls = 10_000 if quick else 100_000
     repeats = 3 if quick else 5
@@ -55,7 +55,7 @@ def measure(quick: bool) -> dict[str, float]:
 
         def report(n: int) -> None:
             data = collect([log])
-            page = _report_page.render(data, overdue=DEFAULT_OVERDUE, max_bars=calls)
+            page = _page.render(data, overdue=DEFAULT_OVERDUE, max_bars=calls)
             with open(page_path, "w", encoding="utf-8") as stream:
                 stream.write(page)
 
@@ -74,7 +74,7 @@ def measure(quick: bool) -> dict[str, float]:
             write_log(small_log, 100)
             with open(small_page, "w", encoding="utf-8") as stream:
                 data = collect([small_log])
-                stream.write(_report_page.render(data, overdue=DEFAULT_OVERDUE, max_bars=100))
+                stream.write(_page.render(data, overdue=DEFAULT_OVERDUE, max_bars=100))
             pages = {"browser small": small_page, "browser": page_path}
             for name, path in pages.items():
                 runs = 1 if quick else repeats  # a browser start costs seconds

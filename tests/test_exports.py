@@ -133,6 +133,7 @@ MODULES = {
         "tools",
     ],
     "toolreg.providers.openai": ["arun_tool_calls", "run_tool_calls", "tool_calls", "tools"],
+    "toolreg.report": [],  # the stats and report commands; no public name yet
 }
 # A module whose names need an extra (toolreg.mcp loads its SDK when a name is first looked up):
 # without it, its pin is skipped (with why).

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 import toolreg.log as log_module
 from toolreg import ErrorCode, ToolCall, ToolResult
-from toolreg._stats import read_logs
 from toolreg.log import REDACTION_FAILED, ResultLog
+from toolreg.report._stats import read_logs
 
 LOGGED_AT = 1735787045.25  # 2025-01-02T03:04:05.250000Z
 

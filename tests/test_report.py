@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 from _log_helpers import write_hostile_log
 
-import toolreg
+import toolreg.report
 from toolreg import CancelSource, ToolCall, ToolRegistry
 from toolreg.__main__ import main
-from toolreg._report import (
+from toolreg.log import ResultLog
+from toolreg.report._cli import (
     DEFAULT_OVERDUE,
     MISSING_EXTRA,
     Call,
@@ -33,7 +34,6 @@ from toolreg._report import (
     collect,
     parse_time,
 )
-from toolreg.log import ResultLog
 
 T0 = parse_time("2026-12-01T05:00:00Z") or 0.0
 
@@ -624,8 +624,8 @@ def test_a_missing_plotting_library_names_the_extra(
     for name in [name for name in sys.modules if name.partition(".")[0] == "plotly"]:
         monkeypatch.setitem(sys.modules, name, None)  # makes `import plotly...` fail
     monkeypatch.setitem(sys.modules, "plotly", None)
-    monkeypatch.delitem(sys.modules, "toolreg._report_page", raising=False)
-    monkeypatch.delattr(toolreg, "_report_page", raising=False)  # or `from . import` finds it
+    monkeypatch.delitem(sys.modules, "toolreg.report._page", raising=False)
+    monkeypatch.delattr(toolreg.report, "_page", raising=False)  # or `from . import` finds it
     out = tmp_path / "report.html"
     assert report(str(known_log), "-o", str(out)) == 1
     err = capsys.readouterr().err
@@ -708,7 +708,7 @@ def run_script(data: dict[str, Any], *events: dict[str, Any]) -> list[dict[str, 
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed")
-    from toolreg._report_js import SCRIPT
+    from toolreg.report._js import SCRIPT
 
     program = _HARNESS % {
         "script": SCRIPT,
@@ -824,7 +824,7 @@ def test_script_draws_calls_too_short_to_see_at_a_minimum_width_in_their_colour(
 
 
 def test_script_aggregates_when_too_many_calls_are_in_view(plotly: Any, tmp_path: Path) -> None:
-    from toolreg._report import EACH_CALL_LIMIT
+    from toolreg.report._cli import EACH_CALL_LIMIT
 
     path = tmp_path / "calls.jsonl"
     count = EACH_CALL_LIMIT + 500

@@ -12,8 +12,8 @@ from _log_helpers import write_hostile_log
 
 from toolreg import CancelSource, ToolCall, ToolRegistry
 from toolreg.__main__ import main
-from toolreg._stats import log_files, read_logs
 from toolreg.log import ResultLog
+from toolreg.report._stats import log_files, read_logs
 
 
 def line(name: Any, code: str | None, duration: float, **extra: Any) -> str:

@@ -15,9 +15,11 @@ from typing import Protocol
 
 import toolreg
 
-from . import _demo, _report, _stats
+from . import _demo
 from ._cli import UsageError
 from .mcp import _cli as _mcp_cli
+from .report import _cli as _report_cli
+from .report import _stats
 
 
 class _Command(Protocol):
@@ -34,7 +36,7 @@ _COMMANDS: dict[str, tuple[str, _Command]] = {
     "stats": ("per-tool figures from result logs", _stats),
     "report": (
         "an HTML page of the calls in result logs: timeline, latencies, the stats table",
-        _report,
+        _report_cli,
     ),
     "mcp": ("serve a registry over the Model Context Protocol (needs the mcp extra)", _mcp_cli),
 }

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ._text import escape_surrogates
+from .._text import escape_surrogates
 
 __all__ = [
     "EXAMPLES",

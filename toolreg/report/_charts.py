@@ -2,8 +2,8 @@
 
 Plain dicts, not `plotly.graph_objects`: validating 100,000-point traces in Python would cost
 more than everything else, and the timeline's numbers go out as base64 typed arrays
-(`{"dtype": "f8", "bdata": ...}`) that the page's script (`_report_js`) decodes. Nothing here
-imports plotly; `_report_page` puts the JSON, plotly.js and the script into the page.
+(`{"dtype": "f8", "bdata": ...}`) that the page's script (`_js`) decodes. Nothing here
+imports plotly; `_page` puts the JSON, plotly.js and the script into the page.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from array import array
 from collections.abc import Iterable
 from typing import Any
 
-from ._report import EACH_CALL_LIMIT, Call, ReportData
+from ._cli import EACH_CALL_LIMIT, Call, ReportData
 from ._stats import ToolStats
 
 __all__ = [

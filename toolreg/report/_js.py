@@ -11,7 +11,7 @@ still drawn one by one (up to `limit` of each, an even sample beyond). The in-fl
 the timeline is recomputed for the range in view, and so are the legend's counts (they count the
 calls in view, as the note above the chart does). Zooming or panning redraws (`plotly_relayout`).
 
-`toolregTimeline(id, data, config)`: `data` is what `_report_page._timeline_data` writes.
+`toolregTimeline(id, data, config)`: `data` is what `_charts.timeline_data` makes.
 """
 
 from __future__ import annotations

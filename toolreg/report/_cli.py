@@ -2,7 +2,7 @@
 
 This module reads the logs into `Call` rows (with the `stats` reader, so rotated, gzipped and bad
 lines are handled the same way), applies the filters, and picks the calls the timeline draws;
-`_report_page` turns that into the page. The plotting library (plotly, the `report` extra) is
+`_page` turns that into the page. The plotting library (plotly, the `report` extra) is
 imported only when a report is written, so `import toolreg` never needs it.
 """
 
@@ -353,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
         print("toolreg report: --since is after --until: no call could match", file=sys.stderr)
         return 2
     try:
-        from . import _report_page
+        from . import _page
     except ImportError as exc:
         if (exc.name or "").partition(".")[0] != "plotly":
             raise
@@ -378,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    page = _report_page.render(data, overdue=args.overdue, max_bars=args.max_bars)
+    page = _page.render(data, overdue=args.overdue, max_bars=args.max_bars)
     try:
         _write_atomically(args.output, page)
     except OSError as exc:

@@ -1,8 +1,8 @@
 """The HTML page of `python -m toolreg report`: charts, tables and notes, plotly.js inlined.
 
-Importing this module imports plotly (the `report` extra), for the plotly.js it ships; `_report`
-imports it only to write a report. The charts' JSON comes from `_report_charts`, the timeline's
-drawing script from `_report_js`.
+Importing this module imports plotly (the `report` extra), for the plotly.js it ships; `_cli`
+imports it only to write a report. The charts' JSON comes from `_charts`, the timeline's
+drawing script from `_js`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
-from ._report import EACH_CALL_LIMIT, Call, ReportData, choose_drawn
-from ._report_charts import BINS, code_colors, histogram, latency, span, timeline_data
-from ._report_js import SCRIPT
+from ._charts import BINS, code_colors, histogram, latency, span, timeline_data
+from ._cli import EACH_CALL_LIMIT, Call, ReportData, choose_drawn
+from ._js import SCRIPT
 from ._stats import ToolStats, code_table_cells, table_cells
 
 __all__ = ["render"]
@@ -61,7 +61,7 @@ def render(data: ReportData, *, overdue: float, max_bars: int) -> str:
 
 
 def _timeline(drawn: list[Call], colors: dict[str, str], overdue: float) -> str:
-    """The timeline's div and the call of `toolregTimeline` that draws it (see `_report_js`)."""
+    """The timeline's div and the call of `toolregTimeline` that draws it (see `_js`)."""
     payload = timeline_data(drawn, colors, overdue)
     return (
         '<div id="timeline" class="figure"></div>\n'
