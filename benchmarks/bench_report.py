@@ -28,7 +28,8 @@ import statistics
 import subprocess
 import tempfile
 
-from toolreg.report._cli import DEFAULT_OVERDUE, collect
+from toolreg.report._calls import collect
+from toolreg.report._cli import DEFAULT_OVERDUE
 from toolreg.report._stats import read_logs
 
 from ._calls_log import write_log

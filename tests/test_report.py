@@ -25,15 +25,8 @@ import toolreg.report
 from toolreg import CancelSource, ToolCall, ToolRegistry
 from toolreg.__main__ import main
 from toolreg.log import ResultLog
-from toolreg.report._cli import (
-    DEFAULT_OVERDUE,
-    MISSING_EXTRA,
-    Call,
-    ReportData,
-    choose_drawn,
-    collect,
-    parse_time,
-)
+from toolreg.report._calls import Call, ReportData, choose_drawn, collect, parse_time
+from toolreg.report._cli import DEFAULT_OVERDUE, MISSING_EXTRA
 
 T0 = parse_time("2026-12-01T05:00:00Z") or 0.0
 
@@ -824,7 +817,7 @@ def test_script_draws_calls_too_short_to_see_at_a_minimum_width_in_their_colour(
 
 
 def test_script_aggregates_when_too_many_calls_are_in_view(plotly: Any, tmp_path: Path) -> None:
-    from toolreg.report._cli import EACH_CALL_LIMIT
+    from toolreg.report._calls import EACH_CALL_LIMIT
 
     path = tmp_path / "calls.jsonl"
     count = EACH_CALL_LIMIT + 500

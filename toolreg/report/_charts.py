@@ -18,7 +18,7 @@ from array import array
 from collections.abc import Iterable
 from typing import Any
 
-from ._cli import EACH_CALL_LIMIT, Call, ReportData
+from ._calls import EACH_CALL_LIMIT, Call, ReportData
 from ._stats import ToolStats
 
 __all__ = [

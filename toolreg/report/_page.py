@@ -17,8 +17,8 @@ from typing import Any
 
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
+from ._calls import EACH_CALL_LIMIT, Call, ReportData, choose_drawn
 from ._charts import BINS, code_colors, histogram, latency, span, timeline_data
-from ._cli import EACH_CALL_LIMIT, Call, ReportData, choose_drawn
 from ._js import SCRIPT
 from ._stats import ToolStats, code_table_cells, table_cells
 
