@@ -201,7 +201,7 @@ def test_importing_toolreg_never_imports_the_mcp_sdk() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT, check=True
     )
-    assert out.stdout.strip() == "[] ['toolreg.mcp', 'toolreg.mcp._cli']"
+    assert out.stdout.strip() == "[] ['toolreg.mcp', 'toolreg.mcp._cli', 'toolreg.mcp._gateway']"
 
 
 def test_the_public_names_of_toolreg_mcp_are_pinned() -> None:

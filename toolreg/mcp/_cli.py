@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import ToolRegistry  # the public class, through the package (it loads with it)
 from .._cli import UsageError
+from . import _gateway
 
 __all__ = ["EXAMPLES", "HELP", "add_arguments", "load_registry", "run", "serve"]
 
@@ -80,9 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="HTTP: a Host header allowed besides loopback names and the bind address, e.g. "
         "tools.example or tools.example:8000 (repeatable; others get 421)",
     )
-    from . import _gateway  # --config, --log, --timeout, --cancel-grace
-
-    _gateway.add_arguments(parser)
+    _gateway.add_arguments(parser)  # --config, --log, --timeout, --cancel-grace
 
 
 def _host(text: str) -> str:
@@ -181,11 +180,10 @@ def serve(registry: ToolRegistry, args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """Serve until stopped; 0 after a clean stop, 1 if it cannot listen (or an upstream cannot
     be mounted), 2 for a bad target, a misplaced option or a missing extra."""
-    from . import _gateway
-
     _http_options(args)  # a misplaced HTTP option is refused before anything loads
     if args.target is None or _gateway.wanted(args):
-        return _gateway.run(args)  # --config, --log, --timeout: the gateway's options
+        # --config, --log, --timeout: the gateway's options
+        return _gateway.run(args, load_registry, serve)
     try:
         from . import _server  # noqa: F401 - here, so that a missing extra is exit status 2
     except ImportError as exc:

@@ -21,7 +21,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
@@ -93,9 +93,16 @@ def read_config(path: str) -> dict[str, Mapping[str, Any]]:
     return entries
 
 
-def run(args: argparse.Namespace) -> int:
+def run(
+    args: argparse.Namespace,
+    load_registry: Callable[[str], tuple[ToolRegistry, bool]],
+    serve: Callable[[ToolRegistry, argparse.Namespace], int],
+) -> int:
     """Serve the gateway until stopped; 0 after a clean stop, 2 for a usage or configuration
-    error, 1 when an upstream cannot be mounted."""
+    error, 1 when an upstream cannot be mounted.
+
+    The command (`_cli`) passes in how it loads a `TARGET` (`load_registry`) and serves a
+    registry (`serve`), so the gateway serves exactly as the plain command does."""
     if args.target is None and args.config is None:
         raise UsageError("give a TARGET registry, --config FILE, or both")
     if args.cancel_grace is not None and args.config is None:
@@ -113,8 +120,6 @@ def run(args: argparse.Namespace) -> int:
         policy = TimeoutPolicy(default=args.timeout) if args.timeout is not None else None
     except (ImportError, OSError, TypeError, ValueError) as exc:
         return _fail(str(exc), 2)
-    from ._cli import load_registry, serve
-
     with ExitStack() as stack:
         try:
             registry = _registry(args.target, stack, load_registry)
@@ -133,7 +138,11 @@ def run(args: argparse.Namespace) -> int:
         return serve(registry, args)
 
 
-def _registry(target: str | None, stack: ExitStack, load: Any) -> ToolRegistry:
+def _registry(
+    target: str | None,
+    stack: ExitStack,
+    load: Callable[[str], tuple[ToolRegistry, bool]],
+) -> ToolRegistry:
     """The local registry `target` names, or a fresh one; closed on exit if made here."""
     if target is None:
         registry, owned = ToolRegistry(max_workers=WORKERS), True
