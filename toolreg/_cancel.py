@@ -818,7 +818,7 @@ def _new_source_token(
 ) -> CancelToken:
     for parent in parents:
         if not isinstance(parent, CancelToken):
-            _validate.token(parent, "a parent")  # raises the TypeError that says why
+            checked_token(parent, "a parent")  # raises the TypeError that says why
     timeout = (
         None
         if seconds is None
@@ -859,13 +859,22 @@ def cancel_token(token: CancelToken, reason: object) -> bool:
 def caller_token(value: object) -> CancelToken:
     """A call's ``token=`` argument: None means never cancelled; anything else must be a
     `CancelToken` (`TypeError` otherwise). The sync registry and the asyncio facade check it the
-    same way. Here rather than in `_validate`, which cannot import this module at its top (this
-    module imports it): an import statement per call cost 0.8 us."""
+    same way."""
     if value is None:
         return _NEVER
     if isinstance(value, CancelToken):
         return value
-    return _validate.token(value, "token")  # raises the TypeError that says why
+    return checked_token(value, "token")  # raises the TypeError that says why
+
+
+def checked_token(value: object, what: str) -> CancelToken:
+    """`value` if it is a `CancelToken`, else a `TypeError` naming `what` it should have been,
+    with a hint when a `CancelSource` was passed instead of its token. The one check of a token
+    argument (here, beside the class: `_validate`, which this module uses, cannot import it)."""
+    if isinstance(value, CancelToken):
+        return value
+    hint = " (pass source.token)" if isinstance(value, CancelSource) else ""
+    raise TypeError(f"{what} must be a CancelToken, got {type(value).__name__}{hint}")
 
 
 def child_token(parent: CancelToken) -> CancelToken:

@@ -9,20 +9,13 @@
 * `real(value, what)`: a finite real number (a progress value). `TypeError` unless it is an
   `int` or `float` (not a `bool`); `ValueError` if it is NaN, infinite, or too large to be a
   `float`. The message shows a huge int by its size, never by its digits.
-* `token(value, what)`: a `CancelToken`; `TypeError` otherwise, with a hint when a
-  `CancelSource` was passed instead of its token.
 * `wait_timeout(value)`: a wait's ``timeout=`` (``wait_idle``): None, or seconds >= 0, where
   a wait longer than about 31 years means forever (None).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ._cancel import CancelToken
-
-__all__ = ["INFINITY", "real", "seconds", "token", "wait_timeout"]
+__all__ = ["INFINITY", "real", "seconds", "wait_timeout"]
 
 # Finite means `-INFINITY < x < INFINITY` for a float (NaN compares false): `math.isfinite`
 # without loading `math`, an extension module, at `import toolreg`.
@@ -53,16 +46,6 @@ def real(value: object, what: str) -> None:
         raise TypeError(f"{what} must be a real number, got {type(value).__name__}")
     if not -INFINITY < _float(value) < INFINITY:
         raise ValueError(f"{what} must be finite, got {_shown(value)}")
-
-
-def token(value: object, what: str) -> CancelToken:
-    """`value` if it is a `CancelToken`, else a `TypeError` naming `what` it should have been."""
-    from ._cancel import CancelSource, CancelToken  # _cancel imports this module
-
-    if isinstance(value, CancelToken):
-        return value
-    hint = " (pass source.token)" if isinstance(value, CancelSource) else ""
-    raise TypeError(f"{what} must be a CancelToken, got {type(value).__name__}{hint}")
 
 
 def wait_timeout(value: object) -> float | None:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, AnyStr, Generic, Literal, TypeAlias, overload
 
 from . import _validate
-from ._cancel import CancelToken
+from ._cancel import CancelToken, checked_token
 from ._process import _Supervision
 
 __all__ = ["ProcessError", "ProcessResult", "run", "scrubbed_env"]
@@ -358,7 +358,7 @@ def _check_arguments(
     input: object,
     text: bool,
 ) -> tuple[_Command, bytes | None, float | None]:
-    _validate.token(token, "token")
+    checked_token(token, "token")
     seconds = (
         None
         if timeout is None

@@ -30,7 +30,7 @@ from typing import Any
 import mcp_types as types
 
 from .. import CancelToken, ToolContext, ToolRegistry, _validate, thaw
-from .._cancel import Cancelled
+from .._cancel import Cancelled, checked_token
 from .._helper import HELPER
 from .._text import safe_str
 from ._registrations import Registrations
@@ -329,7 +329,7 @@ def mount(
         raise ValueError(f"prefix must match [A-Za-z0-9_.-]{{0,127}}, got {prefix!r}")
     kept = _names(names)
     if token is not None:
-        _validate.token(token, "token")
+        checked_token(token, "token")
     grace = _validate.seconds(cancel_grace, "cancel_grace", allow_zero=True)
     bound = _validate.seconds(timeout, "timeout")
     spec = parse_upstream(upstream)
