@@ -23,9 +23,10 @@ import time
 from _thread import LockType
 from collections.abc import Callable, Coroutine, Mapping
 from threading import get_ident
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol
 
 from . import _interrupts
+from ._call import CallState
 from ._cancel import CancelSource, CancelToken, Registration, deadline
 from ._claim import Claim
 from ._errors import ContextSettledError
@@ -35,10 +36,7 @@ from ._progress import check_progress
 from ._results import ToolCall, ToolResult, frozen_call, new_call_id
 from ._traces import notify_traces, run_inside
 
-if TYPE_CHECKING:
-    from ._call import CallState
-
-__all__ = ["BodyHost", "NotStarted", "Runner", "ToolContext", "run_body"]
+__all__ = ["BodyHost", "NotStarted", "ToolContext", "run_body"]
 
 
 _Lock = threading.Lock
@@ -49,19 +47,7 @@ _WATCH_LOCK = threading.Lock()  # guards every ToolContext's _overdue (the cance
 
 
 class NotStarted(Exception):
-    """Raised by a `Runner` whose body never started (refused remotely): no body ran."""
-
-
-class Runner(Protocol):
-    """Runs a body somewhere else (a cluster worker) and joins it, on the stage thread.
-
-    A tool body function carrying a runner (`_catalog.RUNNER_ATTRIBUTE`) is not called here:
-    `runner(ctx)` is, inline, and returns the body's value or raises what it raised, or raises
-    `NotStarted` if the body never started. An exception that lands while it waits (Ctrl-C)
-    goes to `ctx._interrupt(exc)`, which cancels the call; the runner then keeps joining.
-    """
-
-    def __call__(self, ctx: ToolContext, /) -> Any: ...
+    """Raised by a `_catalog.Runner` whose body never started (refused remotely): no body ran."""
 
 
 class BodyHost(Protocol):

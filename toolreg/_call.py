@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._cancel import _NEVER, CancelToken, _new_token, cancel_token, child_token
 from ._logger import DEBUG
@@ -19,14 +19,13 @@ from ._logger import logger as _logger
 from ._record import record
 
 if TYPE_CHECKING:
-    from ._body import ToolContext
     from ._catalog import CatalogEntry
     from ._hooks import CallTrace, HookSet
     from ._progress import ProgressSink
     from ._results import ToolCall, ToolResult
     from ._tools import Tool
 
-__all__ = ["CallMode", "CallState", "Stage"]
+__all__ = ["BodyRun", "CallMode", "CallState", "Stage"]
 
 
 class Stage(str, enum.Enum):
@@ -104,6 +103,26 @@ _AWAITED = CallMode("awaited(True)", True, True, True)
 _AWAITED_MODEL = CallMode("awaited(False)", False, True, True)
 
 
+class BodyRun(Protocol):
+    """What a call's state, and whoever watches the call, use of one body run: the
+    `_body.ToolContext` the stage thread records in `CallState.body`. (`_body` builds on this
+    module, so this module names the run by what it uses of it.)"""
+
+    token: CancelToken  # the token the body observes
+    _started: bool  # the body started (read after the join, or with the claim's ordering)
+    _error: BaseException | None  # what the body raised (read after the join)
+    _dispatched_at: float | None  # when it started (monotonic; read after the join)
+    _settled_at: float | None  # when it returned or raised (monotonic; read after the join)
+
+    def _cancelled(self) -> None:
+        """The call was cancelled: a body not started never starts, a running one is watched."""
+        ...
+
+    def _watch_overdue(self) -> None:
+        """Warn once if the body has not settled in time (the call was cancelled)."""
+        ...
+
+
 class CallState:
     """Everything the stages of one call share; one object per call.
 
@@ -129,7 +148,7 @@ class CallState:
     body_cancelled_at: float | None = None
     #: The latest body run (a retrying wrapper makes several). Set by the stage thread;
     #: `cancel` reads it from any thread.
-    body: ToolContext | None = None
+    body: BodyRun | None = None
     #: A Ctrl-C (or other asynchronous exception) that landed in the call: re-raised once the
     #: call is complete. Set by the stage thread.
     interrupted: BaseException | None = None
@@ -231,7 +250,7 @@ class CallState:
             self.interrupted = exc
         cancel_token(self.token, type(exc).__name__)
 
-    def mark_body(self, body: ToolContext) -> None:
+    def mark_body(self, body: BodyRun) -> None:
         """After a join: the body's moments, for the timeline."""
         if body._started:
             if self.dispatched_at is None:

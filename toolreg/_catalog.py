@@ -12,20 +12,31 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from ._cancel import Registration
 from ._hooks import HookRegistration
 from ._record import record
 from ._tools import Tool, Validator, compile_output_schema, compile_schema, thaw
 
-if TYPE_CHECKING:
-    from ._body import Runner
-
-__all__ = ["RUNNER_ATTRIBUTE", "Catalog", "CatalogEntry", "SchemaStyle", "ToolTable"]
+__all__ = ["RUNNER_ATTRIBUTE", "Catalog", "CatalogEntry", "Runner", "SchemaStyle", "ToolTable"]
 
 # A body function carrying this attribute runs elsewhere: the attribute is its `Runner`.
 RUNNER_ATTRIBUTE = "__toolreg_runner__"
+
+
+class Runner(Protocol):
+    """Runs a body somewhere else (a cluster worker) and joins it, on the stage thread.
+
+    A tool body function carrying a runner (`RUNNER_ATTRIBUTE`) is not called by `_body`:
+    `runner(ctx)` is, inline, and returns the body's value or raises what it raised, or raises
+    `_body.NotStarted` if the body never started. An exception that lands while it waits
+    (Ctrl-C) goes to `ctx._interrupt(exc)`, which cancels the call; the runner then keeps
+    joining. Here, where the catalog finds runners at registration; `ctx` is the body's
+    `ToolContext`, which `_body` defines on top of this module (so it is not named here).
+    """
+
+    def __call__(self, ctx: Any, /) -> Any: ...
 
 
 SchemaStyle = Literal["openai", "anthropic", "mcp"]
@@ -43,7 +54,7 @@ class CatalogEntry:
     output_schema: dict[str, Any] | None  # normalized copy, as compiled
     output_validator: Validator | None  # set only with validate_output=True
     is_async: bool  # an `async def` body: it runs on the registry's event loop thread
-    runner: Runner | None = None  # runs the body elsewhere (a cluster); see `_body.Runner`
+    runner: Runner | None = None  # runs the body elsewhere (a cluster); see `Runner`
 
     def __init__(
         self,

@@ -10,8 +10,8 @@ first time `get_type_hints` reads them (it iterates `.items()`), not at import, 
 programs would pay for without ever asking.
 
 Some names are imported by their module only for type checkers: a module `import toolreg`
-should not load (`weakref`, `dataclasses`, `typing_extensions`), or one that would import its
-importer (`_call`, a public class). `LATE_NAMES` and the public names of `toolreg` supply them
+should not load (`weakref`, `dataclasses`, `typing_extensions`), or a public class. `LATE_NAMES`
+and the public names of `toolreg` supply them
 when annotations are evaluated; the test that resolves every public class's annotations says
 when a name is missing here.
 """
@@ -25,7 +25,6 @@ from typing import Any
 __all__ = ["LATE_NAMES", "report_public"]
 
 LATE_NAMES = {  # name -> (module, attribute, or "" for the module itself)
-    "CallState": ("toolreg._call", "CallState"),
     "KW_ONLY": ("dataclasses", "KW_ONLY"),
     "Self": ("typing_extensions", "Self"),
     "weakref": ("weakref", ""),

@@ -1,6 +1,6 @@
 """One remote attempt on the caller's side: submit, listen, join, release (`Attempt`).
 
-The registry calls a remote body's runner on the stage thread (see `_body.Runner`); each run is
+The registry calls a remote body's runner on the stage thread (see `_catalog.Runner`); each run is
 one attempt, a Dask task with a key of its own:
 
 1. Submit `_worker.run_remote` under a fresh key, follow the future on the client's event

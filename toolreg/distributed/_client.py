@@ -206,7 +206,7 @@ class DaskBackend:
 
 
 class RemoteRunner:
-    """The `Runner` of one remote body (`_body.Runner`): each call is one remote attempt."""
+    """The `Runner` of one remote body (`_catalog.Runner`): each call is one remote attempt."""
 
     __slots__ = ("_backend", "_fn", "_pickled")
 
