@@ -8,21 +8,18 @@ where a test needs lines to pile up across a `fork()`.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import logging
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from concurrent_log_handler import ConcurrentRotatingFileHandler
-
-from toolreg import ToolRegistry
 
 WAIT = 10.0  # bound on every handshake: a hang becomes a failure
 
@@ -59,22 +56,6 @@ def lines_of(path: Path) -> list[Any]:
         assert text == "" or text.endswith("\n"), f"{file.name} ends with a partial line"
         records.extend(strict_json(line) for line in text.splitlines())
     return records
-
-
-@contextlib.contextmanager
-def echo_registry() -> Iterator[ToolRegistry]:
-    """A registry with `echo` (returns its arguments) and `boom` (raises)."""
-    with ToolRegistry(max_workers=4) as registry:
-
-        @registry.tool
-        def echo(args: Any, ctx: Any) -> Any:
-            return dict(args)
-
-        @registry.tool
-        def boom(args: Any, ctx: Any) -> Any:
-            raise ValueError("boom")
-
-        yield registry
 
 
 class EmitGate:

@@ -1,4 +1,5 @@
-"""Shared fixtures: a registry and its observer, resource hygiene, GC control and fast thread
+"""Shared fixtures: a registry and its observer, the echo registry of the log tests, a manual
+clock, the adapter and provider tests' scenario, resource hygiene, GC control and fast thread
 switching, and a check that no test leaves a signal handler changed. Every fixture is defined
 here once; test files only add fixtures of their own."""
 
@@ -10,12 +11,15 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from _adapter_helpers import Scenario, scenario
 from _registry_helpers import Observed, gc_paused, open_registry
 
 from toolreg import ToolRegistry, deadline
+from toolreg._cancel import manual_clock
+from toolreg._timer import ManualClock
 
 if TYPE_CHECKING:
     from _mcp_upstreams import Fifos
@@ -72,6 +76,38 @@ def observed(registry: ToolRegistry) -> Observed:
     seen = Observed()
     registry.on_result(seen)
     return seen
+
+
+@pytest.fixture
+def echo_registry() -> Iterator[ToolRegistry]:
+    """A registry with four workers, `echo` (returns its arguments) and `boom` (raises), closed
+    when the test ends."""
+    with ToolRegistry(max_workers=4) as registry:
+
+        @registry.tool
+        def echo(args: Any, ctx: Any) -> Any:
+            return dict(args)
+
+        @registry.tool
+        def boom(args: Any, ctx: Any) -> Any:
+            raise ValueError("boom")
+
+        yield registry
+
+
+@pytest.fixture
+def clock() -> Iterator[ManualClock]:
+    """Deadlines created in the test fire only when it calls `clock.advance(seconds)`."""
+    with manual_clock() as manual:
+        yield manual
+
+
+@pytest.fixture
+def s() -> Iterator[Scenario]:
+    """A `Scenario` (`_adapter_helpers`: a registry with the adapter tests' tools), closed with
+    every call settled when the test ends."""
+    with scenario() as made:
+        yield made
 
 
 def _open_fd_count() -> int | None:

@@ -30,7 +30,7 @@ import tracemalloc
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -145,13 +145,6 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
             return
         pause.wait(0.01)
     assert condition(), f"timed out waiting for {what}"
-
-
-@pytest.fixture
-def clock() -> Iterator[ManualClock]:
-    """Deadlines created in the test fire only when it calls `clock.advance(seconds)`."""
-    with _cancel.manual_clock() as manual:
-        yield manual
 
 
 def run_python(source: str, timeout: float) -> subprocess.CompletedProcess[str] | None:

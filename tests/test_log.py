@@ -15,36 +15,28 @@ import math
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _log_helpers import WAIT, EmitGate, echo_registry, lines_of
+from _log_helpers import WAIT, EmitGate, lines_of
 from concurrent_log_handler import ConcurrentRotatingFileHandler
 
 from toolreg import ToolCall, ToolRegistry, ToolResult
 from toolreg.log import REDACTION_FAILED, ResultLog
 
-
-@pytest.fixture
-def registry() -> Iterator[ToolRegistry]:
-    with echo_registry() as registry:
-        yield registry
-
-
 # -- the lines ---------------------------------------------------------------------------------
 
 
 def test_each_final_result_is_one_line_with_the_contract_fields(
-    tmp_path: Path, registry: ToolRegistry
+    tmp_path: Path, echo_registry: ToolRegistry
 ) -> None:
     path = tmp_path / "calls.jsonl"
     with ResultLog(path) as log:
-        registry.on_result(log)
-        ok = registry.execute("echo", {"q": "x"})
-        failed = registry.execute("boom", {})
-        unknown = registry.execute("nope", None)
+        echo_registry.on_result(log)
+        ok = echo_registry.execute("echo", {"q": "x"})
+        failed = echo_registry.execute("boom", {})
+        unknown = echo_registry.execute("nope", None)
     assert not unknown.ok
     first, second, third = lines_of(path)
     assert first["call_id"] == ok.call.call_id
@@ -65,13 +57,13 @@ def test_each_final_result_is_one_line_with_the_contract_fields(
 
 @pytest.mark.parametrize("per_line", [True, False], ids=["per-line", "grouped"])
 def test_per_line_writes_on_the_joining_thread_and_grouped_on_the_drain(
-    tmp_path: Path, registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch, per_line: bool
+    tmp_path: Path, echo_registry: ToolRegistry, monkeypatch: pytest.MonkeyPatch, per_line: bool
 ) -> None:
     gate = EmitGate(monkeypatch)
     gate.release()
     with ResultLog(tmp_path / "calls.jsonl", per_line=per_line) as log:
-        registry.on_result(log)
-        registry.execute("echo", {})
+        echo_registry.on_result(log)
+        echo_registry.execute("echo", {})
         if per_line:  # already written when execute returned
             assert gate.threads == [threading.current_thread().name]
     writer = threading.current_thread().name if per_line else "toolreg-log-drain"
@@ -80,15 +72,15 @@ def test_per_line_writes_on_the_joining_thread_and_grouped_on_the_drain(
 
 
 def test_redact_replaces_what_is_logged_as_arguments(
-    tmp_path: Path, registry: ToolRegistry
+    tmp_path: Path, echo_registry: ToolRegistry
 ) -> None:
     def redact(arguments: Any) -> Any:
         return {key: "***" if key == "password" else value for key, value in arguments.items()}
 
     path = tmp_path / "calls.jsonl"
     with ResultLog(path, redact=redact) as log:
-        registry.on_result(log)
-        result = registry.execute("echo", {"user": "ann", "password": "hunter2"})
+        echo_registry.on_result(log)
+        result = echo_registry.execute("echo", {"user": "ann", "password": "hunter2"})
     assert result.value == {"user": "ann", "password": "hunter2"}  # the call itself is untouched
     [line] = lines_of(path)
     assert line["arguments"] == {"user": "ann", "password": "***"}
@@ -96,15 +88,15 @@ def test_redact_replaces_what_is_logged_as_arguments(
 
 
 def test_a_raising_redact_writes_a_marker_and_is_reported_once_without_the_secret(
-    tmp_path: Path, registry: ToolRegistry, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, echo_registry: ToolRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
     def redact(arguments: Any) -> Any:
         raise KeyError(arguments["password"])
 
     path = tmp_path / "calls.jsonl"
     with caplog.at_level(logging.ERROR, logger="toolreg"), ResultLog(path, redact=redact) as log:
-        registry.on_result(log)
-        results = [registry.execute("echo", {"password": "hunter2"}) for _ in range(3)]
+        echo_registry.on_result(log)
+        results = [echo_registry.execute("echo", {"password": "hunter2"}) for _ in range(3)]
     assert all(result.ok for result in results)
     assert [line["arguments"] for line in lines_of(path)] == [REDACTION_FAILED] * 3
     reports = [r for r in caplog.records if r.name == "toolreg" and "redact" in r.getMessage()]
@@ -165,15 +157,15 @@ def test_values_that_are_not_json_are_written_with_a_fallback(tmp_path: Path) ->
 def test_a_full_disk_never_fails_the_call_and_is_reported_once(
     no_leaked_threads_or_fds: None,
     tmp_path: Path,
-    registry: ToolRegistry,
+    echo_registry: ToolRegistry,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     path = tmp_path / "calls.jsonl"
     path.symlink_to("/dev/full")  # every write: ENOSPC, a real disk-full error
     log = ResultLog(path, max_bytes=0)
-    registry.on_result(log)
+    echo_registry.on_result(log)
     with caplog.at_level(logging.ERROR, logger="toolreg"):
-        results = [registry.execute("echo", {"n": n}) for n in range(3)]
+        results = [echo_registry.execute("echo", {"n": n}) for n in range(3)]
         log.close()
     assert [result.ok for result in results] == [True, True, True]
     assert log.write_errors == 3
@@ -185,7 +177,7 @@ def test_a_full_disk_never_fails_the_call_and_is_reported_once(
 
 def test_each_kind_of_write_failure_is_reported_once_and_counted(
     tmp_path: Path,
-    registry: ToolRegistry,
+    echo_registry: ToolRegistry,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -197,8 +189,8 @@ def test_each_kind_of_write_failure_is_reported_once_and_counted(
     monkeypatch.setattr(ConcurrentRotatingFileHandler, "do_write", do_write)
     path = tmp_path / "c"
     with caplog.at_level(logging.ERROR, logger="toolreg"), ResultLog(path, per_line=True) as log:
-        registry.on_result(log)
-        results = [registry.execute("echo", {}) for _ in range(6)]
+        echo_registry.on_result(log)
+        results = [echo_registry.execute("echo", {}) for _ in range(6)]
     assert all(result.ok for result in results)
     assert log.write_errors == 6
     reports = [r for r in caplog.records if "could not write" in r.getMessage()]
@@ -285,13 +277,13 @@ def test_using_a_closed_log_raises_and_close_is_idempotent(
 
 
 def test_a_call_finishing_after_the_log_closed_still_returns_its_result(
-    tmp_path: Path, registry: ToolRegistry, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, echo_registry: ToolRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
     log = ResultLog(tmp_path / "calls.jsonl")
-    registry.on_result(log)
+    echo_registry.on_result(log)
     log.close()
     with caplog.at_level(logging.ERROR, logger="toolreg"):
-        result = registry.execute("echo", {"a": 1})
+        result = echo_registry.execute("echo", {"a": 1})
     assert result.ok and result.value == {"a": 1}
     assert any("observer" in r.getMessage() for r in caplog.records)
 
@@ -300,15 +292,15 @@ def test_a_call_finishing_after_the_log_closed_still_returns_its_result(
 def test_close_writes_every_queued_line_in_order(
     no_leaked_threads_or_fds: None,
     tmp_path: Path,
-    registry: ToolRegistry,
+    echo_registry: ToolRegistry,
     monkeypatch: pytest.MonkeyPatch,
     options: dict[str, Any],
 ) -> None:
     gate = EmitGate(monkeypatch)
     path = tmp_path / "calls.jsonl"
     log = ResultLog(path, **options)
-    registry.on_result(log)
-    ids = [registry.execute("echo", {"n": n}).call.call_id for n in range(300)]
+    echo_registry.on_result(log)
+    ids = [echo_registry.execute("echo", {"n": n}).call.call_id for n in range(300)]
     assert gate.reached.wait(WAIT)  # the drain holds its first group: the rest is queued
     assert threading.current_thread().name not in gate.threads
     gate.release()
@@ -318,17 +310,17 @@ def test_close_writes_every_queued_line_in_order(
 
 @pytest.mark.parametrize("per_line", [True, False], ids=["per-line", "grouped"])
 def test_concurrent_threads_each_get_whole_lines(
-    tmp_path: Path, registry: ToolRegistry, per_line: bool
+    tmp_path: Path, echo_registry: ToolRegistry, per_line: bool
 ) -> None:
     path = tmp_path / "calls.jsonl"
     start = threading.Barrier(8)
     with ResultLog(path, max_bytes=20_000, backup_count=50, per_line=per_line) as log:
-        registry.on_result(log)
+        echo_registry.on_result(log)
 
         def caller(k: int) -> None:
             start.wait(WAIT)
             for n in range(100):
-                registry.execute("echo", {"k": k, "n": n, "pad": "x" * (k * 10)})
+                echo_registry.execute("echo", {"k": k, "n": n, "pad": "x" * (k * 10)})
 
         threads = [threading.Thread(target=caller, args=(k,)) for k in range(8)]
         for thread in threads:

@@ -13,12 +13,11 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _log_helpers import WAIT, EmitGate, RedactGate, echo_registry, lines_of, log_files, read_text
+from _log_helpers import WAIT, EmitGate, RedactGate, lines_of, log_files, read_text
 from _registry_helpers import Caller, wait_until
 from concurrent_log_handler import ConcurrentRotatingFileHandler
 
@@ -26,12 +25,6 @@ import toolreg._logwriter as logwriter
 from toolreg import ToolCall, ToolRegistry, ToolResult
 from toolreg._logwriter import LineWriter, group_bytes
 from toolreg.log import ResultLog
-
-
-@pytest.fixture
-def registry() -> Iterator[ToolRegistry]:
-    with echo_registry() as registry:
-        yield registry
 
 
 def result(n: int, pad: int = 0) -> ToolResult[Any]:
@@ -308,26 +301,26 @@ class FailingWrites:
 
 def test_write_failures_count_every_lost_line_and_are_logged_once_per_burst(
     tmp_path: Path,
-    registry: ToolRegistry,
+    echo_registry: ToolRegistry,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     writes = FailingWrites(monkeypatch, OSError(28, "No space left on device"))
     path = tmp_path / "calls.jsonl"
     with caplog.at_level(logging.WARNING, logger="toolreg"), ResultLog(path) as log:
-        registry.on_result(log)
+        echo_registry.on_result(log)
         writes.failing.set()
-        results = [registry.execute("echo", {"n": n}) for n in range(20)]
+        results = [echo_registry.execute("echo", {"n": n}) for n in range(20)]
         assert log.flush(WAIT)
         for n in range(5):  # one group each: still one report for the burst
-            registry.execute("echo", {"n": n})
+            echo_registry.execute("echo", {"n": n})
             assert log.flush(WAIT)
         assert log.write_errors == 25
         writes.failing.clear()
-        registry.execute("echo", {"n": "back"})
+        echo_registry.execute("echo", {"n": "back"})
         assert log.flush(WAIT)
         writes.failing.set()
-        registry.execute("echo", {"n": "again"})
+        echo_registry.execute("echo", {"n": "again"})
         assert log.flush(WAIT)
         writes.failing.clear()
     assert all(result.ok for result in results)
@@ -366,15 +359,15 @@ def test_a_result_that_cannot_be_encoded_loses_its_line_not_the_log(
 def test_a_full_disk_loses_the_lines_but_never_a_call(
     no_leaked_threads_or_fds: None,
     tmp_path: Path,
-    registry: ToolRegistry,
+    echo_registry: ToolRegistry,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     path = tmp_path / "calls.jsonl"
     path.symlink_to("/dev/full")  # every write: ENOSPC, a real disk-full error
     log = ResultLog(path, max_bytes=0)
-    registry.on_result(log)
+    echo_registry.on_result(log)
     with caplog.at_level(logging.ERROR, logger="toolreg"):
-        results = [registry.execute("echo", {"n": n}) for n in range(50)]
+        results = [echo_registry.execute("echo", {"n": n}) for n in range(50)]
         log.close()
     assert all(result.ok for result in results)
     assert log.write_errors == 50
@@ -385,7 +378,7 @@ def test_a_full_disk_loses_the_lines_but_never_a_call(
 
 def test_a_crashed_drain_is_logged_and_the_log_carries_on_per_line_without_loss(
     tmp_path: Path,
-    registry: ToolRegistry,
+    echo_registry: ToolRegistry,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -406,18 +399,18 @@ def test_a_crashed_drain_is_logged_and_the_log_carries_on_per_line_without_loss(
         caplog.at_level(logging.ERROR, logger="toolreg"),
         ResultLog(path, redact=gate, linger=1.0) as log,
     ):
-        registry.on_result(log)
-        ids = [registry.execute("echo", {"n": n}).call.call_id for n in range(5)]  # lingering
+        echo_registry.on_result(log)
+        ids = [echo_registry.execute("echo", {"n": n}).call.call_id for n in range(5)]  # lingering
         flusher = threading.Thread(target=log.flush, args=(WAIT,))
         flusher.start()  # cuts the linger short: the drain takes lines 0-4 as one chunk
         gate.wait_reached()  # ... and encodes line 0, held; the next 5 wait in the queue
-        ids += [registry.execute("echo", {"n": n}).call.call_id for n in range(5, 10)]
+        ids += [echo_registry.execute("echo", {"n": n}).call.call_id for n in range(5, 10)]
         gate.release()  # the drain writes line 0 and crashes with lines 1-4 in hand
         flusher.join(WAIT)
         assert log.flush(WAIT)  # the fallback wrote lines 1-9
         assert not log._writer.queueing
         writes = WriteRecorder(monkeypatch)
-        ids += [registry.execute("echo", {"n": n}).call.call_id for n in range(10, 20)]
+        ids += [echo_registry.execute("echo", {"n": n}).call.call_id for n in range(10, 20)]
         assert writes.writes == [(1, threading.current_thread().name)] * 10  # per line, here
     assert [line["call_id"] for line in lines_of(path)] == ids  # each once, even in order
     [report] = [r for r in caplog.records if "crashed" in r.getMessage()]

@@ -66,7 +66,7 @@ from toolreg import (
 )
 from toolreg._body import ToolContext as BodyRun
 from toolreg._body import run_body
-from toolreg._cancel import _TIMER, manual_clock
+from toolreg._cancel import _TIMER
 from toolreg._hooks import HookSet
 from toolreg._interrupts import MAIN_THREAD_SLICE, MAX_WAIT, slice_for
 from toolreg._timer import ManualClock
@@ -135,13 +135,6 @@ def test_a_timeout_policy_alone_is_run_by_the_registry_and_only_then(timeout_pat
     assert hooks(around=(policy,), post_execute=(print,)) is None
     assert hooks(around=(RetryPolicy(),)) is None
     assert hooks() is None
-
-
-@pytest.fixture
-def clock() -> Iterator[ManualClock]:
-    """Deadlines created in the test fire only when it calls `clock.advance(seconds)`."""
-    with manual_clock() as manual:
-        yield manual
 
 
 class Waits:

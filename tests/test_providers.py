@@ -16,7 +16,7 @@ import json
 import os
 import random
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -79,12 +79,6 @@ SHAPES = [CHAT, RESPONSES, MESSAGES]
 def shape(request: pytest.FixtureRequest) -> Shape:
     chosen: Shape = request.param
     return chosen
-
-
-@pytest.fixture
-def s() -> Iterator[Scenario]:
-    with scenario() as made:
-        yield made
 
 
 # -- imports ------------------------------------------------------------------------------------

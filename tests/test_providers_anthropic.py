@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +34,6 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "anthropic_loop.
 MODEL = "fake-model"
 
 pytestmark = pytest.mark.usefixtures("no_leaked_threads_or_fds")
-
-
-@pytest.fixture
-def s() -> Iterator[Scenario]:
-    with scenario() as made:
-        yield made
 
 
 def _client(server: FakeProvider) -> Anthropic:

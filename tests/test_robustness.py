@@ -65,7 +65,6 @@ from toolreg import (
     ToolResult,
     deadline,
 )
-from toolreg._cancel import manual_clock
 from toolreg._jobs import JobThreads
 from toolreg._timer import ManualClock
 from toolreg.aio import AsyncToolRegistry
@@ -125,19 +124,6 @@ def test_fired_by_timer_never_runs_the_callback_in_the_registering_thread() -> N
     finally:
         release.set()
     assert names == ["toolreg-callbacks"]
-
-
-@pytest.fixture
-def registry() -> Iterator[ToolRegistry]:
-    with open_registry(max_workers=4) as registry:
-        yield registry
-
-
-@pytest.fixture
-def clock() -> Iterator[ManualClock]:
-    """Deadlines created in the test fire only when it calls `clock.advance(seconds)`."""
-    with manual_clock() as manual:
-        yield manual
 
 
 def error_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
