@@ -1,9 +1,11 @@
-"""The package's layout: no import cycle among toolreg's modules, and `import toolreg` loads no
-integration (the subpackages around the engine)."""
+"""The package's layout: no import cycle among toolreg's modules, `import toolreg` loads no
+integration (the subpackages around the engine), and the module map (docs/contract.md A.12)
+names every module, in an order the imports follow."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import toolreg
 
 PACKAGE = Path(toolreg.__file__).parent
+CONTRACT = PACKAGE.parent / "docs" / "contract.md"
 SUBPACKAGES = ["adapters", "distributed", "mcp", "providers", "report"]  # the integrations
 
 
@@ -114,3 +117,34 @@ def test_importing_toolreg_loads_no_integration() -> None:
         check=True,
     )
     assert done.stdout.strip() == "[]"
+
+
+def module_map() -> list[str]:
+    """The modules docs/contract.md A.12 lists, in its order: the names in backticks that open
+    each item, before its first `: ` (`mcp/_bridge` is toolreg.mcp._bridge, `mcp/` the
+    package, `toolreg` the package itself)."""
+    text = CONTRACT.read_text(encoding="utf-8")
+    section = text.split("### A.12 The module map", 1)[1].split("\n#", 1)[0]
+    items = re.findall(r"^- (.*(?:\n  .*)*)", section, flags=re.M)
+    listed = []
+    for item in items:
+        for name in re.findall(r"`([^`]+)`", item.split(": ", 1)[0]):
+            dotted = name.rstrip("/").replace("/", ".")
+            listed.append(dotted if dotted == "toolreg" else f"toolreg.{dotted}")
+    return listed
+
+
+def test_the_module_map_names_every_module_once() -> None:
+    listed = module_map()
+    assert sorted(listed) == sorted(modules())
+
+
+def test_the_module_map_lists_each_module_above_what_it_imports() -> None:
+    order = {name: index for index, name in enumerate(module_map())}
+    upward = sorted(
+        f"{name} imports {imported}, listed above it"
+        for name, imported_names in import_graph().items()
+        for imported in imported_names
+        if order.get(imported, len(order)) <= order.get(name, -1)
+    )
+    assert upward == []

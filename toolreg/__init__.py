@@ -15,6 +15,9 @@ The public API, re-exported from the private modules that implement it:
 
 `toolreg.__version__` is the installed distribution's version (`toolreg-quiescent` on the
 package index), read from its metadata when first looked up.
+
+Every module, what it owns and who may call it, and the path of one call: docs/contract.md,
+A.12 (the module map).
 """
 
 import gc as _gc
