@@ -11,9 +11,8 @@ programs would pay for without ever asking.
 
 Some names are imported by their module only for type checkers: a module `import toolreg`
 should not load (`weakref`, `dataclasses`, `typing_extensions`), or a public class. `LATE_NAMES`
-and the public names of `toolreg` supply them
-when annotations are evaluated; the test that resolves every public class's annotations says
-when a name is missing here.
+and the public names of `toolreg` supply them when annotations are evaluated; the test that
+resolves every public class's annotations says when a name is missing here.
 """
 
 from __future__ import annotations

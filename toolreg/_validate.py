@@ -11,6 +11,9 @@
   `float`. The message shows a huge int by its size, never by its digits.
 * `wait_timeout(value)`: a wait's ``timeout=`` (``wait_idle``): None, or seconds >= 0, where
   a wait longer than about 31 years means forever (None).
+
+A token argument is checked beside its class, by `_cancel.checked_token` (`_cancel` uses this
+module, so this module imports nothing of toolreg).
 """
 
 from __future__ import annotations
