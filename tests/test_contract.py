@@ -196,6 +196,24 @@ def test_cancel_while_pre_execute_hook_runs_aborts_before_dispatch(
     assert observed.results == [result]
 
 
+def test_a_pre_execute_hook_that_cancels_and_returns_none_stops_the_call_before_the_guards(
+    registry: ToolRegistry, observed: Observed
+) -> None:
+    """The recheck after the pre-execute hooks does not depend on what the hooks returned: a
+    hook that returns None (no decision at all) after its turn was cancelled still ends the call
+    there, and neither the guards nor any wrapper runs (issue 33)."""
+    starts = add_counting_tool(registry)
+    caller = CancelSource()
+    ran: list[str] = []
+    registry.add_pre_execute(lambda call, token: caller.cancel("user pressed stop") and None)
+    registry.add_guard(lambda call: ran.append("guard"))
+    registry.add_around(lambda dispatch, proceed: (ran.append("wrapper"), proceed())[1])
+    result = registry.execute("work", token=caller.token)
+    assert result.code == BEFORE
+    assert (ran, starts) == ([], [])
+    assert observed.results == [result]
+
+
 def test_cancel_while_approver_runs_aborts_before_dispatch_even_if_it_approves(
     registry: ToolRegistry,
 ) -> None:

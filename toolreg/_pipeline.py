@@ -368,8 +368,10 @@ def _gate(state: CallState) -> ToolResult[Any] | None:
     # A denial returned while the call's token is cancelled is the cancellation: the hook or
     # approver that said no may have said it *because* its turn was cancelled.
     ask = _pre_execute(state)
-    # `state.revoked()`, inline. A broken hook's result stays HOOK_ERROR.
-    if state.live and state.token.cancelled and ask is not state.hook_error:
+    # `state.revoked()`, inline. A broken hook's result stays HOOK_ERROR. `ask` is None when no
+    # hook decided anything, and so is `hook_error` when no hook broke: compare only a result.
+    broken = ask is not None and ask is state.hook_error
+    if state.live and state.token.cancelled and not broken:
         return _aborted(state)
     if isinstance(ask, ToolResult):
         return ask
