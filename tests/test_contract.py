@@ -214,6 +214,23 @@ def test_a_pre_execute_hook_that_cancels_and_returns_none_stops_the_call_before_
     assert observed.results == [result]
 
 
+def test_a_call_cancelled_before_its_first_stage_runs_no_wrapper_even_without_pre_hooks(
+    registry: ToolRegistry, observed: Observed
+) -> None:
+    """The recheck after the pre-execute stage is made when that stage is empty too: a call
+    whose token a call hook saw cancelled runs no guard, no wrapper (it ran every wrapper, and
+    only the body's recheck refused it, when no pre-execute hook was registered)."""
+    starts = add_counting_tool(registry)
+    caller = CancelSource()
+    ran: list[str] = []
+    registry.add_call_hook(lambda call, token: caller.cancel("stop") and None)
+    registry.add_around(lambda dispatch, proceed: (ran.append("wrapper"), proceed())[1])
+    result = registry.execute("work", token=caller.token)
+    assert result.code == BEFORE
+    assert (ran, starts) == ([], [])
+    assert observed.results == [result]
+
+
 def test_cancel_while_approver_runs_aborts_before_dispatch_even_if_it_approves(
     registry: ToolRegistry,
 ) -> None:

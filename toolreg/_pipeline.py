@@ -200,7 +200,12 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     hooks = state.hooks
     try:
         live = False  # the call's token read live after the last stage (see `_finish`)
-        result = _gate(state) if (hooks.pre_execute or hooks.guards) else None
+        if hooks.pre_execute or hooks.guards:
+            result = _gate(state)
+        elif state.live and state.token.cancelled:  # the recheck after an empty stage 2
+            result = _aborted(state)
+        else:
+            result = None
         if result is None:
             result = _around(host, state) if hooks.around else _body(host, state, state.token)
             live = not state.token.cancelled
