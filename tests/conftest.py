@@ -113,3 +113,11 @@ def fast_thread_switching() -> Iterator[None]:
         yield
     finally:
         sys.setswitchinterval(previous)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--stress",
+        action="store_true",
+        help="run the long stress runs too (tests/contract: 100,000 calls on 16 threads)",
+    )
