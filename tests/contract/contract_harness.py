@@ -432,6 +432,11 @@ def closer(registry: ToolRegistry) -> tuple[Callable[[], object], Callable[[], N
 # -- what a run did --------------------------------------------------------------------------------
 
 
+def own_tokens(scenario: Scenario) -> bool:
+    """Whether a wrapper gives the body a token of its own (a scope, a deadline)."""
+    return SCOPE in scenario.wrappers or TIMEOUT in scenario.wrappers
+
+
 def outcome_of(run: Run) -> Outcome:
     """The run in the model's terms; checks what holds for every call on the way."""
     assert len(run.observed) == 1, f"observed {len(run.observed)} times"
@@ -442,6 +447,11 @@ def outcome_of(run: Run) -> Outcome:
     assert timeline is not None
     assert result.dispatched == (timeline.dispatched is not None)
     assert timeline.finished == result.duration
+    if code is None and run.events[0] == ("call", False) and not own_tokens(run.scenario):
+        # 4.5 with 16.1: live at entry (its call hook, which runs after the capture, saw it
+        # live) and no token but the call's own: a success means the call's token was not
+        # cancelled when the result became final, which the timeline would show.
+        assert timeline.cancelled is None, "a success let through after its cancellation"
     assert result.call.arguments == run.arguments, "the final result carries another call"
     content: str | None = result.content
     if code in (TOOL_ERROR, HOOK_ERROR):  # 5.6: "Error: <message>"

@@ -14,8 +14,8 @@ the places the call reaches.
   entry, inside each wrapper before and after proceed(), or inside the body, by the caller, by a
   scope wrapper's owner or by a deadline coming due (wherever one is open).
 * `POST`: up to two post-execute hooks, every pair of actions, x three body outcomes, with and
-  without a wrapper returning its own result; cancelled by the caller at entry, in the body, or
-  inside either hook.
+  without a wrapper returning its own result, and after a denial, a broken pre-execute hook and
+  a broken wrapper; cancelled by the caller at entry, in any stage, or inside either hook.
 * `CROSS`: one of each stage (a pre hook that allows or asks, an approver, a guard, the main
   wrapper compositions, a post hook) x three body outcomes, cancelled at every place by every
   canceller, close() included.
@@ -37,6 +37,7 @@ from contract_model import (
     CLOSE,
     COOPERATIVE,
     DEADLINE,
+    DENY,
     ENTRY,
     FLAKY,
     GUARD_VERDICTS,
@@ -135,10 +136,14 @@ def around() -> Iterator[Scenario]:
 
 
 def post() -> Iterator[Scenario]:
-    for posts, body, wrappers in itertools.product(
-        sequences(POST_ACTIONS, 2), (VALUE, RAISE, COOPERATIVE), ((), (CACHE,))
-    ):
-        yield Scenario(post=posts, body=body, wrappers=wrappers)
+    for posts in sequences(POST_ACTIONS, 2):
+        for body, wrappers in itertools.product((VALUE, RAISE, COOPERATIVE), ((), (CACHE,))):
+            yield Scenario(post=posts, body=body, wrappers=wrappers)
+        # What else reaches the post hooks, or skips them: a denial, and the registry's own
+        # HOOK_ERROR for a broken pre-execute hook or wrapper.
+        yield Scenario(pre=(DENY,), post=posts)
+        yield Scenario(pre=(MALFORMED,), post=posts)
+        yield Scenario(wrappers=(RAISE,), post=posts)
 
 
 CROSS_WRAPPERS: tuple[tuple[str, ...], ...] = (
