@@ -109,7 +109,7 @@ class Violation:
     outcome: Outcome | str
 
     def __str__(self) -> str:
-        return f"{self.mode}, {self.scenario}, cancelled by {self.by}: {self.outcome}"
+        return f"{self.mode}, {self.scenario}, cancelled by the {self.by}: {self.outcome}"
 
 
 class Partner:

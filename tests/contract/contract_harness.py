@@ -18,6 +18,7 @@ deadline fires exactly where the scenario says.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import threading
@@ -52,6 +53,7 @@ from contract_model import (
     TIMEOUT,
     TIMEOUT_SECONDS,
     TOOL_ERROR,
+    VALUE,
     YES,
     Outcome,
     Scenario,
@@ -161,6 +163,14 @@ def code_of(result: ToolResult[Any]) -> str | None:
 # -- the scenario's hooks ------------------------------------------------------------------------
 
 
+def raise_for(decision: str, what: str) -> None:
+    """A hook's decision to raise: RAISE raises an error, CANCELLED raises `Cancelled`."""
+    if decision == RAISE:
+        raise ValueError(f"{what} failed")
+    if decision == CANCELLED:
+        raise Cancelled(what)
+
+
 def pre_hook(i: int) -> Callable[..., Any]:
     def hook(call: ToolCall, token: CancelToken) -> Any:
         run = run_of(call)
@@ -177,10 +187,7 @@ def pre_hook(i: int) -> Callable[..., Any]:
             return Ask(f"ask{i}")
         if decision == DENY:
             return Deny(f"deny{i}")
-        if decision == RAISE:
-            raise ValueError("pre-execute hook failed")
-        if decision == CANCELLED:
-            raise Cancelled("pre-execute hook")
+        raise_for(decision, "pre-execute hook")
         assert decision == MALFORMED
         return 42
 
@@ -194,11 +201,9 @@ def approver(call: ToolCall, reason: str, token: CancelToken) -> Any:
     run.events.append(("approve", reason, token.cancelled))
     run.at(("approver",))
     answer = run.scenario.approver
-    if answer == RAISE:
-        raise ValueError("approver failed")
-    if answer == CANCELLED:
-        raise Cancelled("approver")
-    return {YES: True, NO: False, OTHER: 1}[answer]  # type: ignore[index]
+    assert answer is not None
+    raise_for(answer, "approver")
+    return {YES: True, NO: False, OTHER: 1}[answer]
 
 
 def guard(i: int) -> Callable[..., Any]:
@@ -211,10 +216,7 @@ def guard(i: int) -> Callable[..., Any]:
         verdict = run.scenario.guards[i]
         if verdict == DENY:
             return f"guard{i}"
-        if verdict == RAISE:
-            raise ValueError("guard failed")
-        if verdict == CANCELLED:
-            raise Cancelled("guard")
+        raise_for(verdict, "guard")
         return 42 if verdict == MALFORMED else None
 
     return check
@@ -237,10 +239,7 @@ def user_wrapper(i: int) -> Callable[..., Any]:
             run.at(("before", i))
             if kind == CACHE:
                 return ToolResult.success(dispatch.call, "cached")
-            if kind == RAISE:
-                raise ValueError("wrapper failed")
-            if kind == CANCELLED:
-                raise Cancelled("wrapper")
+            raise_for(kind, "around wrapper")
             result = proceed()
             run.events.append(("unwrap", i, code_of(result)))
             run.at(("after", i))
@@ -268,10 +267,7 @@ def post_hook(i: int) -> Callable[..., Any]:
             return ToolResult.success(result.call, "post")
         if action == DENY:
             return ToolResult.failure(result.call, ErrorCode.DENIED, "post")
-        if action == RAISE:
-            raise ValueError("post-execute hook failed")
-        if action == CANCELLED:
-            raise Cancelled("post-execute hook")
+        raise_for(action, "post-execute hook")
         assert action == MALFORMED
         return 42
 
@@ -328,17 +324,20 @@ def begin(run: Run, ctx: Any) -> int:
     return start
 
 
-def settle(run: Run, token: CancelToken, start: int) -> str:
-    """The body's outcome, as the scenario says."""
+def outcome_at(run: Run, start: int) -> str:
+    """What this start of the body does: FLAKY raises the first time only."""
     outcome = run.scenario.body
     if outcome == FLAKY:
-        outcome = RAISE if start == 1 else "value"
+        return RAISE if start == 1 else VALUE
+    return outcome
+
+
+def settle(run: Run, token: CancelToken, start: int) -> str:
+    """The body's outcome, as the scenario says."""
+    outcome = outcome_at(run, start)
     if outcome == COOPERATIVE:
         token.raise_if_cancelled()
-    elif outcome == RAISE:
-        raise ValueError("body failed")
-    elif outcome == CANCELLED:
-        raise Cancelled("body")
+    raise_for(outcome, "body")
     return "body"
 
 
@@ -354,9 +353,15 @@ def body(args: Any, ctx: Any) -> str:
 
 
 async def async_body(args: Any, ctx: ToolContext) -> str:
+    """The body as an `async def`. It awaits once before an outcome that its task's cancellation
+    would turn into the same result (8.5: cancelling its token cancels its task, and that is
+    ABORTED; B.15: not when the call was pre-aborted, whose body's own outcome stands), never
+    before raising an error, which a cancellation landing at the await would replace."""
     run = RUNS[args["run"]]
     try:
         start = begin(run, ctx)
+        if outcome_at(run, start) != RAISE:
+            await asyncio.sleep(0)
         return settle(run, ctx.token, start)
     finally:
         run.settled += 1

@@ -116,7 +116,10 @@ class Scenario:
     by: str = CALLER
 
     def __str__(self) -> str:
-        parts = [f"{k}={v!r}" for k, v in dataclasses.asdict(self).items() if v not in ((), None)]
+        fields = dataclasses.asdict(self)
+        if self.site is None:
+            del fields["by"]
+        parts = [f"{k}={v!r}" for k, v in fields.items() if v not in ((), None)]
         return "Scenario(" + ", ".join(parts) + ")"
 
     @property

@@ -104,7 +104,7 @@ class AsyncDriver(Driver):
         self,
         mode: str,
         make: Callable[[], contextlib.AbstractContextManager[ToolRegistry]],
-        acall: Callable[[ToolRegistry, Run], Awaitable[Any]],
+        acall: AsyncCall,
         check: Callable[[str, Run, Any], None] = is_result,
     ) -> None:
         super().__init__(mode, make, lambda registry, run: None)
