@@ -172,6 +172,16 @@ def test_hooks_receive_a_token_cancelled_whenever_the_callers_is(registry: ToolR
     assert call.join().code == BEFORE
 
 
+def recording_wrapper(ran: list[str]) -> Callable[[Dispatch, Proceed], ToolResult[Any]]:
+    """An around wrapper that notes in `ran` that it ran, then proceeds."""
+
+    def wrapper(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        ran.append("wrapper")
+        return proceed()
+
+    return wrapper
+
+
 # -- "A token that was live at entry is rechecked after pre-execute hooks, after approval, and on
 #    the worker immediately before the body ... Cancelled at any of those points ->
 #    ABORTED_BEFORE_DISPATCH, and the body never starts." -------------------------------------
@@ -205,9 +215,16 @@ def test_a_pre_execute_hook_that_cancels_and_returns_none_stops_the_call_before_
     starts = add_counting_tool(registry)
     caller = CancelSource()
     ran: list[str] = []
-    registry.add_pre_execute(lambda call, token: caller.cancel("user pressed stop") and None)
-    registry.add_guard(lambda call: ran.append("guard"))
-    registry.add_around(lambda dispatch, proceed: (ran.append("wrapper"), proceed())[1])
+
+    def stop(call: ToolCall, token: CancelToken) -> None:
+        caller.cancel("user pressed stop")  # and no decision
+
+    def guard(call: ToolCall) -> None:
+        ran.append("guard")
+
+    registry.add_pre_execute(stop)
+    registry.add_guard(guard)
+    registry.add_around(recording_wrapper(ran))
     result = registry.execute("work", token=caller.token)
     assert result.code == BEFORE
     assert (ran, starts) == ([], [])
@@ -223,8 +240,12 @@ def test_a_call_cancelled_before_its_first_stage_runs_no_wrapper_even_without_pr
     starts = add_counting_tool(registry)
     caller = CancelSource()
     ran: list[str] = []
-    registry.add_call_hook(lambda call, token: caller.cancel("stop") and None)
-    registry.add_around(lambda dispatch, proceed: (ran.append("wrapper"), proceed())[1])
+
+    def stop(call: ToolCall, token: CancelToken) -> None:
+        caller.cancel("stop")
+
+    registry.add_call_hook(stop)
+    registry.add_around(recording_wrapper(ran))
     result = registry.execute("work", token=caller.token)
     assert result.code == BEFORE
     assert (ran, starts) == ([], [])
