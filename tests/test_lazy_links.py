@@ -7,6 +7,8 @@ fields are marked as such.
 
 from __future__ import annotations
 
+import inspect
+import sys
 import threading
 from typing import Any
 
@@ -148,6 +150,51 @@ def test_a_reader_during_a_concurrent_link_sees_a_cancellation_that_already_happ
     release.set()
     listener.join()
     assert ran == ["callback"]
+
+
+def test_a_lazy_child_read_while_its_parent_is_being_marked_reads_cancelled() -> None:
+    """A lock-free reader of a lazy token whose parent is in the middle of being marked
+    cancelled (its own cause is older) must read cancelled, at every line of the marking.
+
+    The parent cleared its lazy fields before it set `_cancelled`: in between, the child's fast
+    path took it for an eager, live parent and read live, although every ancestor had been
+    cancelled (found by tests/contract's concurrent layer: a body read its token live under a
+    cancelled caller). The read is made on the marking thread itself, from a line tracer, as a
+    finalizer could (the token lock is reentrant, A.4), once per line of `_mark`.
+    """
+    lines, first = inspect.getsourcelines(CancelToken._mark)
+    seen = {line: read_child_while_marking(line) for line in range(first + 1, first + len(lines))}
+    live = [line for line, read in seen.items() if read is False]
+    assert live == [] and any(read for read in seen.values()), f"read live at lines {live}"
+
+
+def read_child_while_marking(target: int) -> bool | None:
+    """What a lazy child reads when its parent's marking reaches line `target` (None: it
+    never does)."""
+    mark = CancelToken._mark.__code__
+    cause = CancelSource()
+    parent = CancelSource(cause.token, CancelSource().token)  # lazy, two parents: no fast path
+    child = CancelSource(parent.token)  # lazy, one parent: the fast path reads the parent
+    cause.cancel("stop")  # the parent is not marked yet: nobody has read it
+    read: list[bool] = []
+
+    def local(frame: Any, event: str, arg: object) -> Any:
+        at_target = event == "line" and frame.f_lineno == target and not read
+        if at_target and frame.f_locals.get("self") is parent.token:
+            read.append(child.token.cancelled)
+        return local
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        return local if frame.f_code is mark else None
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        assert parent.token.cancelled  # resolves the parent: marks it, under the tracer
+    finally:
+        sys.settrace(previous)
+    assert child.token.cancelled
+    return read[0] if read else None
 
 
 def test_a_million_lazy_children_leave_nothing_on_their_parent() -> None:

@@ -503,8 +503,11 @@ class CancelToken:
             self._reason = reason
             self._timed_out = from_timer
             self._cancelled_at = when
+            # After the reason (a lock-free reader that sees `_cancelled` sees the reason too),
+            # and before the lazy fields go: a lazy child reading this token while they are
+            # gone would take it for an eager, live parent and read itself live.
+            self._cancelled = True
             self._pending = self._due = self._parent = None
-            self._cancelled = True  # written last: a lock-free reader then also sees the reason
             listeners, self._listeners = self._listeners, None
             children, self._children = self._children, None
             links, self._links = self._links, None
