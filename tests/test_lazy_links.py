@@ -197,6 +197,55 @@ def read_child_while_marking(target: int) -> bool | None:
     return read[0] if read else None
 
 
+@pytest.mark.parametrize(
+    "reader",
+    [vars(CancelToken)["cancelled"].fget, _cancel._resolve, _cancel._first_cause],
+    ids=["cancelled", "_resolve", "_first_cause"],
+)
+def test_a_lazy_child_reads_cancelled_when_its_parent_is_marked_during_the_read(
+    reader: Any,
+) -> None:
+    """The reader's side of the race above: the parent (lazy, its cause older than the read)
+    is marked cancelled between any two lines of the child's read, by another reader resolving
+    it or by a thread making it eager. The child must still read cancelled.
+
+    A reader looked at the parent's flag first (unset) and its lazy fields after (gone by the
+    marking just begun), and took the parent for an eager, live one. The marking is made from
+    a line tracer on the reading thread, once per line of each reading function.
+    """
+    lines, first = inspect.getsourcelines(reader)
+    for target in range(first + 1, first + len(lines)):
+        read = read_child_with_parent_marked_at(reader.__code__, target)
+        assert read, f"read live with the parent marked at line {target} of {reader.__name__}"
+
+
+def read_child_with_parent_marked_at(code: Any, target: int) -> bool:
+    """A lazy child's read, its parent marked (with an older cause) when the reading function
+    `code`, looking at the parent, reaches line `target`."""
+    cause = CancelSource()
+    parent = CancelSource(cause.token, CancelSource().token)  # lazy, two parents
+    child = CancelSource(parent.token)  # lazy, one parent
+    cause.cancel("stop")  # an old cause the parent has not been marked with yet
+    marked: list[int] = []
+
+    def local(frame: Any, event: str, arg: object) -> Any:
+        looking = parent.token in (frame.f_locals.get("node"), frame.f_locals.get("parent"))
+        if event == "line" and frame.f_lineno == target and looking and not marked:
+            marked.append(target)
+            assert parent.token.cancelled  # resolves the parent: marks it, right here
+        return local
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        return local if frame.f_code is code else None
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        return child.token.cancelled
+    finally:
+        sys.settrace(previous)
+
+
 def test_a_million_lazy_children_leave_nothing_on_their_parent() -> None:
     parent = CancelSource()
     for _ in range(1_000_000 // 50):
