@@ -178,23 +178,33 @@ def read_child_while_marking(target: int) -> bool | None:
     cause.cancel("stop")  # the parent is not marked yet: nobody has read it
     read: list[bool] = []
 
-    def local(frame: Any, event: str, arg: object) -> Any:
-        at_target = event == "line" and frame.f_lineno == target and not read
-        if at_target and frame.f_locals.get("self") is parent.token:
+    def at_line(frame: Any) -> None:
+        if frame.f_locals.get("self") is parent.token and not read:
             read.append(child.token.cancelled)
+
+    # Resolving the parent marks it, under the tracer.
+    assert traced(mark, target, at_line, lambda: parent.token.cancelled)
+    assert child.token.cancelled
+    return read[0] if read else None
+
+
+def traced(code: Any, target: int, at_line: Any, run: Any) -> Any:
+    """`run()` with `at_line(frame)` called whenever `code` reaches line `target`."""
+
+    def local(frame: Any, event: str, arg: object) -> Any:
+        if event == "line" and frame.f_lineno == target:
+            at_line(frame)
         return local
 
     def tracer(frame: Any, event: str, arg: object) -> Any:
-        return local if frame.f_code is mark else None
+        return local if frame.f_code is code else None
 
     previous = sys.gettrace()
     sys.settrace(tracer)
     try:
-        assert parent.token.cancelled  # resolves the parent: marks it, under the tracer
+        return run()
     finally:
         sys.settrace(previous)
-    assert child.token.cancelled
-    return read[0] if read else None
 
 
 @pytest.mark.parametrize(
@@ -228,22 +238,14 @@ def read_child_with_parent_marked_at(code: Any, target: int) -> bool:
     cause.cancel("stop")  # an old cause the parent has not been marked with yet
     marked: list[int] = []
 
-    def local(frame: Any, event: str, arg: object) -> Any:
+    def at_line(frame: Any) -> None:
         looking = parent.token in (frame.f_locals.get("node"), frame.f_locals.get("parent"))
-        if event == "line" and frame.f_lineno == target and looking and not marked:
+        if looking and not marked:
             marked.append(target)
             assert parent.token.cancelled  # resolves the parent: marks it, right here
-        return local
 
-    def tracer(frame: Any, event: str, arg: object) -> Any:
-        return local if frame.f_code is code else None
-
-    previous = sys.gettrace()
-    sys.settrace(tracer)
-    try:
-        return child.token.cancelled
-    finally:
-        sys.settrace(previous)
+    read: bool = traced(code, target, at_line, lambda: child.token.cancelled)
+    return read
 
 
 def test_a_million_lazy_children_leave_nothing_on_their_parent() -> None:
