@@ -163,3 +163,11 @@ def fifos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fifos]:
     made = Fifos(tmp_path_factory.mktemp("fifos"))
     yield made
     made.close()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--stress",
+        action="store_true",
+        help="run the long stress runs too (tests/contract: 100,000 calls on 16 threads)",
+    )

@@ -114,6 +114,26 @@ def test_the_hook_runs_in_the_callers_context_for_batches_and_awaited_calls() ->
     assert starts == ["batch caller", "batch caller", "awaiting task"]
 
 
+def test_a_call_refused_because_its_turn_was_cancelled_is_traced_with_a_cancelled_token() -> None:
+    """3.6: the hook gets the call's token. A batch call that never started (7.2) was refused
+    because the batch's token was cancelled, like a model-driven call refused at entry (4.7):
+    both hooks see a cancelled token with the caller's reason (the batch's was a live, fresh
+    one)."""
+    seen: list[tuple[bool, object]] = []
+
+    def hook(call: ToolCall, token: CancelToken) -> None:
+        seen.append((token.cancelled, token.reason))
+
+    turn = CancelSource()
+    turn.cancel("turn over")
+    with open_registry() as registry:
+        registry.add_call_hook(hook)
+        registry.tool(name="t")(lambda args, ctx: "never")
+        registry.execute("t", token=turn.token, start_if_cancelled=False)
+        registry.execute_batch([ToolCall("t"), ToolCall("t")], token=turn.token)
+    assert seen == [(True, "turn over")] * 3
+
+
 def test_an_overdue_body_is_reported_to_its_trace() -> None:
     recorder = Recorder()
     gate = Gate()

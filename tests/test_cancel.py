@@ -2045,8 +2045,11 @@ def test_finalizer_using_a_token_while_its_thread_holds_the_token_lock_does_not_
 
 
 # Process-wide daemon helpers: the shared timer, the threads that run its deadlines' callbacks,
-# and toolreg's helper thread (the asyncio facade and the pool hand it small jobs).
-PROCESS_WIDE = {"toolreg-timer", "toolreg-callbacks", "toolreg-helper"}
+# and toolreg's helper thread (the asyncio facade and the pool hand it small jobs). A Dask
+# cluster of threads run earlier in the session (tests/contract runs first) leaves the worker
+# side's cancel threads and distributed's own offload thread, process-wide as well.
+PROCESS_WIDE = {"toolreg-timer", "toolreg-callbacks", "toolreg-helper", "toolreg-remote-cancel"}
+FOREIGN_PROCESS_WIDE = ("Dask-Offload_",)
 
 
 def test_no_thread_but_the_shared_timer_outlives_the_tests_above() -> None:
@@ -2056,6 +2059,7 @@ def test_no_thread_but_the_shared_timer_outlives_the_tests_above() -> None:
         for thread in threading.enumerate()
         if thread is not threading.main_thread()
         and thread.name not in PROCESS_WIDE
+        and not thread.name.startswith(FOREIGN_PROCESS_WIDE)
         and not isinstance(thread, threading.Timer)  # pytest-timeout's watchdog for this test
     ]
     assert strays == []

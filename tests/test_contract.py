@@ -172,6 +172,16 @@ def test_hooks_receive_a_token_cancelled_whenever_the_callers_is(registry: ToolR
     assert call.join().code == BEFORE
 
 
+def recording_wrapper(ran: list[str]) -> Callable[[Dispatch, Proceed], ToolResult[Any]]:
+    """An around wrapper that notes in `ran` that it ran, then proceeds."""
+
+    def wrapper(dispatch: Dispatch, proceed: Proceed) -> ToolResult[Any]:
+        ran.append("wrapper")
+        return proceed()
+
+    return wrapper
+
+
 # -- "A token that was live at entry is rechecked after pre-execute hooks, after approval, and on
 #    the worker immediately before the body ... Cancelled at any of those points ->
 #    ABORTED_BEFORE_DISPATCH, and the body never starts." -------------------------------------
@@ -193,6 +203,52 @@ def test_cancel_while_pre_execute_hook_runs_aborts_before_dispatch(
     assert result.content == "Error: tool call aborted before dispatch"
     assert not result.dispatched
     assert starts == []
+    assert observed.results == [result]
+
+
+def test_a_pre_execute_hook_that_cancels_and_returns_none_stops_the_call_before_the_guards(
+    registry: ToolRegistry, observed: Observed
+) -> None:
+    """The recheck after the pre-execute hooks does not depend on what the hooks returned: a
+    hook that returns None (no decision at all) after its turn was cancelled still ends the call
+    there, and neither the guards nor any wrapper runs (issue 33)."""
+    starts = add_counting_tool(registry)
+    caller = CancelSource()
+    ran: list[str] = []
+
+    def stop(call: ToolCall, token: CancelToken) -> None:
+        caller.cancel("user pressed stop")  # and no decision
+
+    def guard(call: ToolCall) -> None:
+        ran.append("guard")
+
+    registry.add_pre_execute(stop)
+    registry.add_guard(guard)
+    registry.add_around(recording_wrapper(ran))
+    result = registry.execute("work", token=caller.token)
+    assert result.code == BEFORE
+    assert (ran, starts) == ([], [])
+    assert observed.results == [result]
+
+
+def test_a_call_cancelled_before_its_first_stage_runs_no_wrapper_even_without_pre_hooks(
+    registry: ToolRegistry, observed: Observed
+) -> None:
+    """The recheck after the pre-execute stage is made when that stage is empty too: a call
+    whose token a call hook saw cancelled runs no guard, no wrapper (it ran every wrapper, and
+    only the body's recheck refused it, when no pre-execute hook was registered)."""
+    starts = add_counting_tool(registry)
+    caller = CancelSource()
+    ran: list[str] = []
+
+    def stop(call: ToolCall, token: CancelToken) -> None:
+        caller.cancel("stop")
+
+    registry.add_call_hook(stop)
+    registry.add_around(recording_wrapper(ran))
+    result = registry.execute("work", token=caller.token)
+    assert result.code == BEFORE
+    assert (ran, starts) == ([], [])
     assert observed.results == [result]
 
 

@@ -7,6 +7,8 @@ fields are marked as such.
 
 from __future__ import annotations
 
+import inspect
+import sys
 import threading
 from typing import Any
 
@@ -148,6 +150,102 @@ def test_a_reader_during_a_concurrent_link_sees_a_cancellation_that_already_happ
     release.set()
     listener.join()
     assert ran == ["callback"]
+
+
+def test_a_lazy_child_read_while_its_parent_is_being_marked_reads_cancelled() -> None:
+    """A lock-free reader of a lazy token whose parent is in the middle of being marked
+    cancelled (its own cause is older) must read cancelled, at every line of the marking.
+
+    The parent cleared its lazy fields before it set `_cancelled`: in between, the child's fast
+    path took it for an eager, live parent and read live, although every ancestor had been
+    cancelled (found by tests/contract's concurrent layer: a body read its token live under a
+    cancelled caller). The read is made on the marking thread itself, from a line tracer, as a
+    finalizer could (the token lock is reentrant, A.4), once per line of `_mark`.
+    """
+    lines, first = inspect.getsourcelines(CancelToken._mark)
+    seen = {line: read_child_while_marking(line) for line in range(first + 1, first + len(lines))}
+    live = [line for line, read in seen.items() if read is False]
+    assert live == [] and any(read for read in seen.values()), f"read live at lines {live}"
+
+
+def read_child_while_marking(target: int) -> bool | None:
+    """What a lazy child reads when its parent's marking reaches line `target` (None: it
+    never does)."""
+    mark = CancelToken._mark.__code__
+    cause = CancelSource()
+    parent = CancelSource(cause.token, CancelSource().token)  # lazy, two parents: no fast path
+    child = CancelSource(parent.token)  # lazy, one parent: the fast path reads the parent
+    cause.cancel("stop")  # the parent is not marked yet: nobody has read it
+    read: list[bool] = []
+
+    def at_line(frame: Any) -> None:
+        if frame.f_locals.get("self") is parent.token and not read:
+            read.append(child.token.cancelled)
+
+    # Resolving the parent marks it, under the tracer.
+    assert traced(mark, target, at_line, lambda: parent.token.cancelled)
+    assert child.token.cancelled
+    return read[0] if read else None
+
+
+def traced(code: Any, target: int, at_line: Any, run: Any) -> Any:
+    """`run()` with `at_line(frame)` called whenever `code` reaches line `target`."""
+
+    def local(frame: Any, event: str, arg: object) -> Any:
+        if event == "line" and frame.f_lineno == target:
+            at_line(frame)
+        return local
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        return local if frame.f_code is code else None
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        return run()
+    finally:
+        sys.settrace(previous)
+
+
+@pytest.mark.parametrize(
+    "reader",
+    [vars(CancelToken)["cancelled"].fget, _cancel._resolve, _cancel._first_cause],
+    ids=["cancelled", "_resolve", "_first_cause"],
+)
+def test_a_lazy_child_reads_cancelled_when_its_parent_is_marked_during_the_read(
+    reader: Any,
+) -> None:
+    """The reader's side of the race above: the parent (lazy, its cause older than the read)
+    is marked cancelled between any two lines of the child's read, by another reader resolving
+    it or by a thread making it eager. The child must still read cancelled.
+
+    A reader looked at the parent's flag first (unset) and its lazy fields after (gone by the
+    marking just begun), and took the parent for an eager, live one. The marking is made from
+    a line tracer on the reading thread, once per line of each reading function.
+    """
+    lines, first = inspect.getsourcelines(reader)
+    for target in range(first + 1, first + len(lines)):
+        read = read_child_with_parent_marked_at(reader.__code__, target)
+        assert read, f"read live with the parent marked at line {target} of {reader.__name__}"
+
+
+def read_child_with_parent_marked_at(code: Any, target: int) -> bool:
+    """A lazy child's read, its parent marked (with an older cause) when the reading function
+    `code`, looking at the parent, reaches line `target`."""
+    cause = CancelSource()
+    parent = CancelSource(cause.token, CancelSource().token)  # lazy, two parents
+    child = CancelSource(parent.token)  # lazy, one parent
+    cause.cancel("stop")  # an old cause the parent has not been marked with yet
+    marked: list[int] = []
+
+    def at_line(frame: Any) -> None:
+        looking = parent.token in (frame.f_locals.get("node"), frame.f_locals.get("parent"))
+        if looking and not marked:
+            marked.append(target)
+            assert parent.token.cancelled  # resolves the parent: marks it, right here
+
+    read: bool = traced(code, target, at_line, lambda: child.token.cancelled)
+    return read
 
 
 def test_a_million_lazy_children_leave_nothing_on_their_parent() -> None:

@@ -77,7 +77,9 @@ class BatchHost(Protocol):
         owns_call: bool = False,
     ) -> tuple[ToolResult[Any], BaseException | None]: ...
 
-    def unstarted(self, call: ToolCall) -> tuple[ToolResult[Any], BaseException | None]: ...
+    def unstarted(
+        self, call: ToolCall, reason: object
+    ) -> tuple[ToolResult[Any], BaseException | None]: ...
 
     @property
     def tools(self) -> Any: ...
@@ -432,7 +434,7 @@ class BatchRun:
         except BaseException:  # a toolreg bug: never lose the call's result
             logger.exception("toolreg: batch call %s raised", call.call_id)
             if self.results[index] is None:
-                self.results[index], _ = self.host.unstarted(call)
+                self.results[index], _ = self.host.unstarted(call, self._turn_over())
         finally:
             self.finished.append(index)
             if self.on_progress is not None:
@@ -481,12 +483,18 @@ class BatchRun:
             if result is not None:
                 continue
             try:
-                self.results[index], interrupted = self.host.unstarted(self.calls[index])
+                call = self.calls[index]
+                self.results[index], interrupted = self.host.unstarted(call, self._turn_over())
                 if interrupted is not None:
                     self._interrupt(interrupted)
             except BaseException as exc:  # landed in our own code, not in an observer
                 self._interrupt(exc)
             self._progress()
+
+    def _turn_over(self) -> object:
+        """Why a call of this batch never started: the batch's cancellation."""
+        reason = self.token.reason
+        return "batch cancelled" if reason is None else reason
 
     def _progress(self) -> None:
         self.done += 1

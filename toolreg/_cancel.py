@@ -305,26 +305,26 @@ class CancelToken:
             # The usual shapes, read without a walk: a call's token under an eager caller, and a
             # deadline under a call's token (itself under nothing, or under an eager caller).
             # Live if every token up to the eager one is live with no due time of its own, and
-            # this token's own due time (if any) is still ahead.
-            if not parent._cancelled and parent._due is None:
+            # this token's own due time (if any) is still ahead. Each token's lazy fields are
+            # read before its flag (`_lazy_then_live`).
+            if parent._due is None:
                 if parent._pending is None:
-                    if due is None or _now() < due:
+                    if not parent._cancelled and (due is None or _now() < due):
                         return False
-                else:
+                elif not parent._cancelled:
                     grand = parent._parent  # one level more: a deadline under a call's token
                     if (
                         grand is not None
-                        and not grand._cancelled
                         and grand._pending is None
                         and grand._due is None
+                        and not grand._cancelled
                         and (due is None or _now() < due)
                     ):
                         return False
-        elif self._pending is None:
-            if due is None:
-                return False  # eager (or a root): pushes reach it
-            if _now() < due:
-                return False  # a root deadline, not due yet
+        elif self._pending is None and (due is None or _now() < due):
+            # Eager (pushes reach it), a root, or a root deadline not due yet: what its flag
+            # says now (it may have been marked since the first read).
+            return self._cancelled
         return _resolve(self)
 
     @property
@@ -503,8 +503,11 @@ class CancelToken:
             self._reason = reason
             self._timed_out = from_timer
             self._cancelled_at = when
+            # After the reason (a lock-free reader that sees `_cancelled` sees the reason too),
+            # and before the lazy fields go: a lazy child reading this token while they are
+            # gone would take it for an eager, live parent and read itself live.
+            self._cancelled = True
             self._pending = self._due = self._parent = None
-            self._cancelled = True  # written last: a lock-free reader then also sees the reason
             listeners, self._listeners = self._listeners, None
             children, self._children = self._children, None
             links, self._links = self._links, None
@@ -960,6 +963,13 @@ def timeout_of(token_or_reason: object, code: str | None = None) -> TimeoutReaso
 
 _EAGER_AFTER = 32  # a lazy ancestry this deep is made eager on read, so reads stay O(1) after
 
+# `_lazy_then_live`: how a lock-free reader reads a token it did not lock. Marking a token
+# cancelled sets `_cancelled` before it clears `_pending`/`_due`, and making one eager clears
+# them only once its links are in place (so a parent's cancellation reaches it). So a reader
+# reads a token's lazy fields first and its flag after: lazy fields gone and the flag unset means
+# eager (or a root) and live at that moment. The other order can see the fields gone by a
+# marking that began just after the flag was read, and take a cancelled token for a live one.
+
 
 def _resolve(token: CancelToken) -> bool:
     """Is a lazy `token` cancelled by now? If so, mark it and say True.
@@ -976,18 +986,17 @@ def _resolve(token: CancelToken) -> bool:
     first: CancelToken | None = None  # whose cancellation or due time came first
     node = token
     for _ in range(_EAGER_AFTER):
+        pending, due = node._pending, node._due  # before the flag (`_lazy_then_live`)
         if node._cancelled:  # an ancestor cancelled (or this one, concurrently): a moment
             at = node._cancelled_at
             if first_at is None or at < first_at:
                 first_at, first = at, node
             break
-        due = node._due
         if due is not None:
             if now is None:
                 now = _now()
             if due <= now and (first_at is None or due < first_at):
                 first_at, first = due, node
-        pending = node._pending
         if pending is None:
             break  # eager and live (pushes reach it), or a root: nothing further up
         if len(pending) != 1 or node._linking:
@@ -1053,13 +1062,13 @@ def _first_cause(
     node: CancelToken, now: float, causes: dict[int, tuple[float, object, bool] | None]
 ) -> tuple[float, object, bool] | None:
     """The earliest of a lazy token's causes, given its parents' (already resolved) causes."""
+    pending, due, why = node._pending, node._due, node._due_reason  # before the flag
     if node._cancelled:
         return (node._cancelled_at, node._reason, node._timed_out)
     first: tuple[float, object, bool] | None = None
-    due, why = node._due, node._due_reason
     if due is not None and why is not None and now >= due:
         first = (due, TimeoutReason(*why), True)
-    for parent in node._pending or ():
+    for parent in pending or ():
         if parent._cancelled:
             cause: tuple[float, object, bool] | None = (
                 parent._cancelled_at,

@@ -208,12 +208,20 @@ class Dispatcher:
     ) -> Any:
         return self._coroutines.run(make, token)
 
-    def unstarted(self, call: ToolCall) -> tuple[ToolResult[Any], BaseException | None]:
-        """The result of a batch or awaited call that never started: observed like any other."""
+    def unstarted(
+        self, call: ToolCall, reason: object
+    ) -> tuple[ToolResult[Any], BaseException | None]:
+        """The result of a batch or awaited call that never started: observed like any other.
+
+        It never started because its turn was cancelled (for `reason`): its call's token reads
+        cancelled from the start, as a model-driven call's does when refused at entry, so its
+        call hooks see what happened to it.
+        """
         never = CancelToken.never()
         mode = CallMode.batch_item()
         hooks = self._hooks.current
         state = CallState(call, hooks, never, mode, time.monotonic(), True, None)
+        state.cancel(reason)
         if hooks.call_hooks:  # traced like any call: its entry, then its end
             _start_traces(state, hooks)
         return never_started(state), state.interrupted

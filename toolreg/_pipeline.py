@@ -200,7 +200,12 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     hooks = state.hooks
     try:
         live = False  # the call's token read live after the last stage (see `_finish`)
-        result = _gate(state) if (hooks.pre_execute or hooks.guards) else None
+        if hooks.pre_execute or hooks.guards:
+            result = _gate(state)
+        elif state.live and state.token.cancelled:  # the recheck after an empty stage 2
+            result = _aborted(state)
+        else:
+            result = None
         if result is None:
             result = _around(host, state) if hooks.around else _body(host, state, state.token)
             live = not state.token.cancelled
@@ -368,8 +373,10 @@ def _gate(state: CallState) -> ToolResult[Any] | None:
     # A denial returned while the call's token is cancelled is the cancellation: the hook or
     # approver that said no may have said it *because* its turn was cancelled.
     ask = _pre_execute(state)
-    # `state.revoked()`, inline. A broken hook's result stays HOOK_ERROR.
-    if state.live and state.token.cancelled and ask is not state.hook_error:
+    # `state.revoked()`, inline. A broken hook's result stays HOOK_ERROR. `ask` is None when no
+    # hook decided anything, and so is `hook_error` when no hook broke: compare only a result.
+    broken = ask is not None and ask is state.hook_error
+    if state.live and state.token.cancelled and not broken:
         return _aborted(state)
     if isinstance(ask, ToolResult):
         return ask

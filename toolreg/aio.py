@@ -331,7 +331,8 @@ class _Job(Claim):
     def _work(self) -> Any:
         raise NotImplementedError
 
-    def _never_started(self) -> Any:
+    def _never_started(self, reason: object) -> Any:
+        """The results of work that never started because of `reason` (observed)."""
         raise NotImplementedError
 
     def _cancel_running(self, reason: object) -> None:
@@ -346,7 +347,10 @@ class _Job(Claim):
 
     def _drop(self) -> None:
         if self._claimed():
-            HELPER.call_soon(lambda: self._finish(self._never_started))
+            HELPER.call_soon(lambda: self._finish(self._dropped))
+
+    def _dropped(self) -> Any:
+        return self._never_started("the executor dropped the call")
 
     def _finish(self, produce: Callable[[], Any]) -> None:
         self._deliver(self._outcome(produce))
@@ -375,7 +379,7 @@ class _Job(Claim):
         user code, so they run on the helper thread; the claim itself is decided right here.
         """
         if self._claimed():
-            HELPER.call_soon(lambda: self._finish(self._never_started))
+            HELPER.call_soon(lambda: self._finish(lambda: self._never_started(reason)))
         else:
             self._cancel_reason = reason
             HELPER.call_soon(lambda: self._cancel_running(reason))
@@ -708,9 +712,9 @@ class _AwaitedCall(_Job):
         if state is not None:
             state.cancel(reason)
 
-    def _never_started(self) -> ToolResult[Any]:
+    def _never_started(self, reason: object) -> ToolResult[Any]:
         # In the awaiting task's context, like the call it replaces (call hooks see it there).
-        result, interrupted = self.context.run(self.dispatcher.unstarted, self.call)
+        result, interrupted = self.context.run(self.dispatcher.unstarted, self.call, reason)
         if interrupted is not None:  # a call hook raised SystemExit/KeyboardInterrupt: as _work
             raise interrupted
         return result
@@ -753,17 +757,17 @@ class _AwaitedBatch(_Job):
     def _cancel_running(self, reason: object) -> None:
         self.turn.cancel(reason)
 
-    def _never_started(self) -> list[ToolResult[Any]]:
+    def _never_started(self, reason: object) -> list[ToolResult[Any]]:
         self.turn.close()
         # In the awaiting task's context, like the batch it replaces (call hooks see it there).
-        results: list[ToolResult[Any]] = self.context.run(self._unstarted)
+        results: list[ToolResult[Any]] = self.context.run(self._unstarted, reason)
         return results
 
-    def _unstarted(self) -> list[ToolResult[Any]]:
+    def _unstarted(self, reason: object) -> list[ToolResult[Any]]:
         results: list[ToolResult[Any]] = []
         first: BaseException | None = None
         for call in self.batch:  # every call observed, then the first interrupt (as a batch)
-            result, interrupted = self.dispatcher.unstarted(call)
+            result, interrupted = self.dispatcher.unstarted(call, reason)
             results.append(result)
             if first is None:
                 first = interrupted
