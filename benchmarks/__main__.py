@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import importlib
 import io
+import logging
 import pkgutil
 import sys
 import time
@@ -121,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         help="also write the figures as a Markdown page (docs/performance.md), both regimes",
     )
     args = parser.parse_args(argv)
+    # An SDK server built in this process (MCPServer) sets the root logger to INFO, and the
+    # HTTP client then logs a line per request: thousands of lines between the tables.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     names = discover()
     if args.only:
         wanted = [n if n.startswith("bench_") else f"bench_{n}" for n in args.only.split(",")]

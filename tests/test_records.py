@@ -52,6 +52,7 @@ NOT_LOADED = (
     "toolreg._batch",  # loaded by the first batch
     "heapq",  # with the first deadline armed
     "math",  # finite checks compare with infinity instead
+    "urllib.parse",  # only a schema `$ref` with a pointer needs it
     "weakref",  # `_weakref.ref` serves the tokens, the timer and the after-fork hooks
 )
 

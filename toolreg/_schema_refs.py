@@ -17,7 +17,6 @@ its siblings; `allOf`, `anyOf`, `oneOf`, `not`, `if`, `then`, `else` and schema-
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import unquote
 
 __all__ = ["outside_ref", "ref_loop"]
 
@@ -151,6 +150,10 @@ def _resolve(root: dict[str, Any], ref: str) -> dict[str, Any] | None:
         return root
     if not ref.startswith("#/"):
         return None
+    # Loaded here: urllib.parse costs import time (and pulls math in on 3.13) for every
+    # `import toolreg`, and only a `$ref` with a pointer needs it.
+    from urllib.parse import unquote
+
     node: Any = root
     for token in ref[2:].split("/"):
         token = unquote(token).replace("~1", "/").replace("~0", "~")
