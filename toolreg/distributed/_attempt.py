@@ -3,24 +3,29 @@
 The registry calls a remote body's runner on the stage thread (see `_catalog.Runner`); each run is
 one attempt, a Dask task with a key of its own:
 
-1. Submit `_worker.run_remote` under a fresh key, follow the future on the client's event
-   loop, and listen on the body's token. On the main thread a Ctrl-C is held back for those
-   few lines (`deferred_sigint`), so it lands once the task exists and is followed.
+1. Hand the attempt to its backend's `Groups`, which submit `_worker.run_remote` under a fresh
+   key (with whatever other attempts wait: one `client.map`) and follow the future on the
+   client's event loop; then listen on the body's token. On the main thread a Ctrl-C is held
+   back for those few lines (`deferred_sigint`), so it lands once the task is handed over.
 2. The token's cancellation sends `toolreg_cancel` to the board, from the client's event loop
-   (the cancelling thread only schedules it). The board's answer `refused` means the body never
-   started and never will: the join ends at once, even while every worker thread is busy, and
-   the registry reports `ABORTED_BEFORE_DISPATCH`. Otherwise the worker's watcher cancels the
-   body's own token, with the reason.
-3. Join: the stage thread waits for the attempt's messages (progress, then its end), on the
-   main thread in slices so a Ctrl-C is noticed; an exception landing there goes to
-   `ctx._interrupt` (which cancels the call) and the join goes on until the body settled.
+   (the cancelling thread only schedules it; the groups send it with the cancels waiting). The
+   board's answer `refused` means the body never started and never will: the join ends at
+   once, even while every worker thread is busy, and the registry reports
+   `ABORTED_BEFORE_DISPATCH`. Otherwise the worker's watcher cancels the body's own token,
+   with the reason.
+3. Join: the stage thread waits for the attempt's messages (progress, then its end: the
+   outcome comes with the groups' next gather once the task finished), on the main thread in
+   slices so a Ctrl-C is noticed; an exception landing there goes to `ctx._interrupt` (which
+   cancels the call) and the join goes on until the body settled.
 4. Release the Dask future only once no cancel is on its way to the board: the board deletes
    the record when the scheduler forgets the task, and a cancel arriving after that would leave
    a refusal behind for a task that is gone.
 
 The loop-side state of an attempt (`_decided`, `_cancelling`, `_settled`) is only touched on
 the client's event loop, so it needs no lock; the stage thread and the loop talk through the
-attempt's `SimpleQueue` and `loop.add_callback`.
+attempt's `SimpleQueue` and `loop.add_callback`. The thread that submits a group sets each
+attempt's future before any of them is followed (`submitted`, then `Groups` schedules the
+follows), and the joiner reads it only on the loop.
 """
 
 from __future__ import annotations

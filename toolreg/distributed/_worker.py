@@ -5,9 +5,11 @@
 1. It loads the body (unpickled once per worker process and cached) and creates the body's
    local `CancelSource`, registered with this worker's `_WorkerSide` *before* the claim, so a
    cancellation notice that arrives right after the claim finds it.
-2. It claims the call on the board (`_board`): one RPC, answered on the scheduler's loop.
-   Refused: the body never starts. `rerun`: Dask is running the task again after losing the
-   worker that started it; the body does not start a second time (`LOST`).
+2. It claims the call on the board (`_board`): one message, answered on the scheduler's loop,
+   shared with the claims the worker's other threads made while the previous one was on its
+   way (`_WorkerSide.claim`). Refused: the body never starts. `rerun`: Dask is running the task
+   again after losing the worker that started it; the body does not start a second time
+   (`LOST`).
 3. It runs the body with a `RemoteContext`. A pre-aborted call (the caller's token was already
    cancelled at entry) starts with its local token cancelled, with the caller's reason.
 4. It pickles the outcome itself (`_outcome`) and returns it.
