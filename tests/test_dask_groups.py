@@ -262,3 +262,40 @@ def _answer(side: _WorkerSide, waiter: Future[str]) -> None:
         waiter.set_result(side.claim("toolreg-t-1"))
     except OSError as exc:
         waiter.set_exception(exc)
+
+
+class Interrupt(BaseException):
+    """What an application's own signal handler might raise in the submitting thread."""
+
+
+def test_an_interrupted_submission_tells_each_member_and_the_next_group_still_goes() -> None:
+    class Interrupted(MapClient):
+        def map(self, fn: Any, *columns: Any, key: list[str], **options: Any) -> list[str]:
+            calls = len(self.calls)
+            names = super().map(fn, *columns, key=key, **options)
+            if calls == 0:
+                raise Interrupt
+            return names
+
+    client = Interrupted()
+    groups = Groups(client, {})  # type: ignore[arg-type]
+    members = [Member(f"toolreg-t-{n}") for n in range(3)]
+    raised: list[BaseException] = []
+
+    def lead() -> None:
+        try:
+            groups.submit(members[0], ("args",))
+        except Interrupt as exc:
+            raised.append(exc)
+
+    first = threading.Thread(target=lead)
+    first.start()
+    assert client.first_entered.wait(WAIT)
+    groups.submit(members[1], ("args",))
+    client.release_first.set()
+    first.join(WAIT)
+    assert len(raised) == 1  # re-raised in the interrupted thread, once its groups are done
+    assert members[0].posted == [("interrupted", True)] and members[0].future is None
+    assert members[1].future == "future-toolreg-t-1" and members[1].followed
+    groups.submit(members[2], ("args",))  # nothing is left stuck: the next one goes at once
+    assert members[2].future == "future-toolreg-t-2"

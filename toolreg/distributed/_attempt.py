@@ -125,10 +125,11 @@ class Attempt:
         self._future = future
 
     def interrupted(self, exc: BaseException, own: bool) -> None:
-        """Submitting its group was interrupted (by `exc`, in the submitting thread): whether
-        its task reached Dask is unknown, so its claim is refused on the board. The attempt
-        of the interrupted thread ends there (`NotStarted`: that call is cancelled); any other
-        is a `RemoteToolError` saying so."""
+        """Submitting its group was interrupted (by `exc`, in the submitting thread) before its
+        future came back: whether its task reached Dask is unknown, so its claim is refused on
+        the board. The attempt of the interrupted thread ends as never started (`NotStarted`:
+        that call is cancelled), any other as a `RemoteToolError` saying so (docs/contract.md,
+        A.11: the one edge left)."""
         reason = dump_reason(type(exc).__name__)
         if own:
             self._client.loop.add_callback(self._cancel_now, reason)

@@ -109,10 +109,9 @@ class Groups:
                     break
             try:
                 self._submit_group(group)
-            except BaseException as exc:  # an interrupt: whether the group reached Dask is unknown
+            except BaseException as exc:  # an interrupt (an application's signal handler)
                 interrupt = exc
-                for member, _ in group:
-                    member.interrupted(exc, own=member is attempt)
+                self._interrupted([member for member, _ in group], exc, attempt)
         if interrupt is not None:
             raise interrupt
 
@@ -131,6 +130,17 @@ class Groups:
         for member, future in zip(attempts, futures, strict=True):
             member.submitted(future)
         self._client.loop.add_callback(_follow_all, attempts)
+
+    def _interrupted(self, group: list[Member], exc: BaseException, own: Member) -> None:
+        """Submitting `group` was cut short by `exc`: an attempt whose future came back is
+        followed as usual (following twice is harmless); for the others, whether their task
+        reached Dask is unknown (`Member.interrupted`)."""
+        followed = [member for member in group if member.future is not None]
+        if followed:
+            self._client.loop.add_callback(_follow_all, followed)
+        for member in group:
+            if member.future is None:
+                member.interrupted(exc, own=member is own)
 
     # -- outcomes (the client's event loop) --------------------------------------------------
 
