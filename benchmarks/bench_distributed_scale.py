@@ -50,7 +50,7 @@ def measure(quick: bool) -> dict[str, Any]:
     from toolreg.distributed import DaskBackend
 
     calls = 300 if quick else 10_000
-    repeats = 1 if quick else 3
+    repeats = 1 if quick else 2
     cluster, client = start_cluster(WORKERS, THREADS)
     backend = DaskBackend(client)
     registry = ToolRegistry(max_workers=MAX_PARALLEL)
