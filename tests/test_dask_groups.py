@@ -299,3 +299,24 @@ def test_an_interrupted_submission_tells_each_member_and_the_next_group_still_go
     assert members[1].future == "future-toolreg-t-1" and members[1].followed
     groups.submit(members[2], ("args",))  # nothing is left stuck: the next one goes at once
     assert members[2].future == "future-toolreg-t-2"
+
+
+def test_a_claim_message_cut_short_by_the_loop_going_away_fails_its_claims() -> None:
+    loop = WorkerLoop()
+
+    class Scheduler:
+        async def toolreg_claim(self, keys: list[str], worker: str) -> list[str]:
+            raise asyncio.CancelledError  # what a worker's loop shutting down delivers
+
+    class Worker:
+        address = "tcp://worker-1"
+        scheduler = Scheduler()
+
+    Worker.loop = loop  # type: ignore[attr-defined]
+    side = _WorkerSide(Worker())
+    try:
+        with pytest.raises(RuntimeError, match="stopped while claiming"):
+            side.claim("toolreg-t-0")
+        assert not side._claiming and not side._claims  # a later claim sends again
+    finally:
+        loop.close()

@@ -316,6 +316,14 @@ class _WorkerSide:
                 for waiter in group.values():
                     waiter.set_exception(exc)
                 continue
+            except BaseException:  # the worker's loop is going away: no claim may wait forever
+                with self._lock:
+                    group.update(self._claims)
+                    self._claims = {}
+                    self._claiming = False
+                for waiter in group.values():
+                    waiter.set_exception(RuntimeError("the worker stopped while claiming"))
+                raise
             for waiter, verdict in zip(group.values(), verdicts, strict=True):
                 waiter.set_result(verdict)
 
