@@ -70,33 +70,61 @@ class MapClient:
     def __init__(self) -> None:
         self.loop = Loop()
         self.calls: list[list[str]] = []
+        self.callers: list[str] = []  # the thread of each call
         self.first_entered = threading.Event()
         self.release_first = threading.Event()
 
     def map(self, fn: Any, *columns: Any, key: list[str], pure: bool, **options: Any) -> list[str]:
         assert pure is False and all(len(column) == len(key) for column in columns)
         self.calls.append(list(key))
+        self.callers.append(threading.current_thread().name)
         if len(self.calls) == 1:
             self.first_entered.set()
             assert self.release_first.wait(WAIT)
         return [f"future-{name}" for name in key]
 
 
+def _submitting(groups: Groups, members: list[Member]) -> list[threading.Thread]:
+    """One thread per member, each submitting it (started)."""
+    threads = [threading.Thread(target=groups.submit, args=(m, ("args",))) for m in members]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
 def test_submissions_made_while_one_is_on_its_way_go_together_in_the_next() -> None:
     client = MapClient()
     groups = Groups(client, {})  # type: ignore[arg-type]
     members = [Member(f"toolreg-t-{n}") for n in range(4)]
-    first = threading.Thread(target=groups.submit, args=(members[0], ("args",)))
-    first.start()
+    [first] = _submitting(groups, members[:1])
     assert client.first_entered.wait(WAIT)
-    for member in members[1:]:  # queued behind the first: these threads return at once
-        groups.submit(member, ("args",))
-        assert member.queued and member.future is None
+    others = _submitting(groups, members[1:])  # they queue behind the first, and wait
+    wait_until(lambda: all(member.queued for member in members[1:]), "the others to queue")
+    assert all(member.future is None for member in members[1:])
     client.release_first.set()
-    first.join(WAIT)
+    for thread in [first, *others]:
+        thread.join(WAIT)
     assert client.calls == [["toolreg-t-0"], ["toolreg-t-1", "toolreg-t-2", "toolreg-t-3"]]
     assert [member.future for member in members] == [f"future-{m.key}" for m in members]
     assert all(member.followed and not member.posted for member in members)
+
+
+def test_a_thread_submits_only_its_own_group() -> None:
+    """The first thread does not go on submitting what queued behind it: one of those does."""
+    client = MapClient()
+    groups = Groups(client, {})  # type: ignore[arg-type]
+    members = [Member(f"toolreg-t-{n}") for n in range(2)]
+    first = threading.Thread(target=groups.submit, args=(members[0], ()), name="first")
+    first.start()
+    assert client.first_entered.wait(WAIT)
+    second = threading.Thread(target=groups.submit, args=(members[1], ()), name="second")
+    second.start()
+    wait_until(lambda: members[1].queued, "the second to queue")
+    client.release_first.set()
+    first.join(WAIT)
+    second.join(WAIT)
+    assert client.calls == [["toolreg-t-0"], ["toolreg-t-1"]]
+    assert client.callers == ["first", "second"]
 
 
 def test_a_group_that_cannot_be_submitted_fails_each_member_and_the_next_goes_on() -> None:
@@ -111,13 +139,13 @@ def test_a_group_that_cannot_be_submitted_fails_each_member_and_the_next_goes_on
     client = Failing()
     groups = Groups(client, {})  # type: ignore[arg-type]
     members = [Member(f"toolreg-t-{n}") for n in range(3)]
-    first = threading.Thread(target=groups.submit, args=(members[0], ("args",)))
-    first.start()
+    [first] = _submitting(groups, members[:1])
     assert client.first_entered.wait(WAIT)
-    groups.submit(members[1], ("args",))
-    groups.submit(members[2], ("args",))
+    others = _submitting(groups, members[1:])
+    wait_until(lambda: all(member.queued for member in members[1:]), "the others to queue")
     client.release_first.set()
-    first.join(WAIT)
+    for thread in [first, *others]:
+        thread.join(WAIT)
     [(kind, failure)] = members[0].posted
     assert kind == "failed" and "could not submit the remote body to Dask" in str(failure)
     assert all(m.future == f"future-{m.key}" and not m.posted for m in members[1:])
@@ -291,10 +319,12 @@ def test_an_interrupted_submission_tells_each_member_and_the_next_group_still_go
     first = threading.Thread(target=lead)
     first.start()
     assert client.first_entered.wait(WAIT)
-    groups.submit(members[1], ("args",))
+    [second] = _submitting(groups, members[1:2])
+    wait_until(lambda: members[1].queued, "the second to queue")
     client.release_first.set()
     first.join(WAIT)
-    assert len(raised) == 1  # re-raised in the interrupted thread, once its groups are done
+    second.join(WAIT)
+    assert len(raised) == 1  # re-raised in the interrupted thread
     assert members[0].posted == [("interrupted", True)] and members[0].future is None
     assert members[1].future == "future-toolreg-t-1" and members[1].followed
     groups.submit(members[2], ("args",))  # nothing is left stuck: the next one goes at once

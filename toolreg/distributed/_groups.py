@@ -10,8 +10,10 @@ together in the next. A lone attempt's message leaves at once, so nothing waits 
 fill; under load, groups form by themselves.
 
 * Submissions (`submit`, on the stage threads): the thread that finds no submission on its
-  way submits every attempt waiting with one `client.map` (one update-graph message), then the
-  ones that arrived meanwhile, until none wait; the other threads go on to their joins at once.
+  way submits its attempt at once, with one `client.map` (one update-graph message); the
+  threads that come meanwhile form the next group and wait, and the first of them to wake
+  submits it. Each thread submits at most one group, its own attempt's, so no caller is kept
+  submitting other callers' work.
 * Outcomes (`finished`, on the client's event loop): an attempt whose task finished waits for
   the next gather, which fetches the outcomes of every attempt waiting in one message.
 * Cancels (`cancel`, on the client's event loop): one `toolreg_cancel` carries every cancel
@@ -69,15 +71,27 @@ class Member(Protocol):
     def cancel_answered(self, phase: str | None) -> None: ...
 
 
+class _Group:
+    """Attempts submitted together (one `client.map`)."""
+
+    __slots__ = ("done", "members", "taken")
+
+    def __init__(self) -> None:
+        self.members: list[tuple[Member, Arguments]] = []
+        self.taken = False  # a thread is submitting it: no attempt joins or leaves it now
+        self.done = False  # submitted, or each member told why not
+
+
 class Groups:
     """One backend's submissions, outcome fetches and cancels, each sent in groups."""
 
     def __init__(self, client: Client, options: Mapping[str, Any]) -> None:
         self._client: Any = client  # distributed is only partly typed
         self._options = dict(options)
-        self._lock = threading.Lock()  # guards _waiting and _submitting
-        self._waiting: list[tuple[Member, Arguments]] = []
-        self._submitting = False  # a stage thread is submitting the waiting attempts
+        # Guards _next, _submitting and every group's fields; notified when a group is done.
+        self._changed = threading.Condition(threading.Lock())
+        self._next = _Group()  # the group that attempts join now
+        self._submitting = False  # a stage thread is submitting a group
         # Touched on the client's event loop only:
         self._finished: list[Member] = []  # outcomes waiting for the next gather
         self._gathering: asyncio.Future[None] | None = None
@@ -87,33 +101,45 @@ class Groups:
     # -- submissions (stage threads) ---------------------------------------------------------
 
     def submit(self, attempt: Member, arguments: Arguments) -> None:
-        """Hand `attempt` to Dask: now, with the attempts waiting, or in the group of the
-        thread submitting right now. From the moment it is queued (`attempt.queued`) the
-        groups own it: it is submitted and followed, or told why not.
+        """Hand `attempt` to Dask, in a group: returns once its group was submitted (or told
+        why not). The thread that finds no submission on its way submits its group at once;
+        one that comes while a submission is on its way joins the next group and waits, and
+        the first of those to wake submits that group. So a thread submits at most one group,
+        the one with its own attempt in it. From the moment it is queued (`attempt.queued`)
+        the groups own the attempt: it is submitted and followed, or told why not.
 
-        An exception raised in this thread while it submits (an application's signal handler)
-        is re-raised once every waiting attempt was dealt with.
+        An exception raised in this thread while it waits, before its group was taken, takes
+        its attempt out again (`queued` false: nothing reached Dask); raised while it submits
+        (an application's signal handler), it is re-raised once the group was dealt with.
         """
-        with self._lock:
-            self._waiting.append((attempt, arguments))
+        with self._changed:
+            group = self._next
+            group.members.append((attempt, arguments))
             attempt.queued = True
-            if self._submitting:
-                return
-            self._submitting = True
-        interrupt: BaseException | None = None
-        while True:
-            with self._lock:
-                group, self._waiting = self._waiting, []
-                if not group:
-                    self._submitting = False
-                    break
             try:
-                self._submit_group(group)
-            except BaseException as exc:  # an interrupt (an application's signal handler)
-                interrupt = exc
-                self._interrupted([member for member, _ in group], exc, attempt)
-        if interrupt is not None:
-            raise interrupt
+                while self._submitting and not group.done:
+                    self._changed.wait()
+            except BaseException:
+                if not group.taken:
+                    group.members.remove((attempt, arguments))
+                    attempt.queued = False
+                raise
+            if group.done:
+                return
+            group.taken = True
+            self._next = _Group()
+            self._submitting = True
+        members = [member for member, _ in group.members]
+        try:
+            self._submit_group(group.members)
+        except BaseException as exc:  # an interrupt (an application's signal handler)
+            self._interrupted(members, exc, attempt)
+            raise
+        finally:
+            with self._changed:
+                group.done = True
+                self._submitting = False
+                self._changed.notify_all()
 
     def _submit_group(self, group: list[tuple[Member, Arguments]]) -> None:
         columns = list(zip(*(arguments for _, arguments in group), strict=True))
