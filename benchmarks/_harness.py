@@ -26,7 +26,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +156,21 @@ def start_executor_workers(executor: Executor, count: int) -> None:
     futures = [executor.submit(barrier.wait, WARM_UP_WAIT) for _ in range(count)]
     for future in futures:
         future.result(WARM_UP_WAIT + 5)
+
+
+def warm_pool(workers: int, **options: Any) -> ThreadPoolExecutor:
+    """A `ThreadPoolExecutor(workers)` with one warm worker: the pool a user gets who does not
+    start workers up front. It starts another worker only when a task finds none idle, so a
+    sequential caller keeps one (in the same regime); concurrent callers grow it as they need.
+    Call it inside `_regime.worker_side()`; `pool_workers` says how many it has started."""
+    pool = ThreadPoolExecutor(workers, **options)
+    pool.submit(int).result()
+    return pool
+
+
+def pool_workers(pool: ThreadPoolExecutor) -> int:
+    """How many workers `pool` has started so far (the stdlib keeps them in `_threads`)."""
+    return len(pool._threads)
 
 
 def start_registry_workers(registry: Any, count: int) -> None:

@@ -7,6 +7,11 @@ A trivial tool (it returns a constant) is awaited through
   (the baseline: 1.00x; targets for toolreg, issue 18, both regimes: <= 1.00x sequential,
   <= 0.90x with 8 concurrent awaiters),
 * `loop.run_in_executor(pool, fn, ...)` on a pool of the same size,
+* `loop.run_in_executor(pool, fn, ...)` on a pool started on demand (`_harness.warm_pool`: one
+  warm worker at first, another only when a call finds none idle; one such pool for the
+  sequential awaits, another for the concurrent ones): what `asyncio.to_thread` gets from a
+  default executor nobody pre-started. toolreg aio is shown against it too (no target),
+
 * `asyncio.to_thread(registry.execute, ...)`: the naive wrapping of the sync API (two thread
   hops: the pipeline on the default executor, the body on the registry's pool),
 * peers, when their packages are importable (never installed by toolreg): OpenAI Agents
@@ -24,6 +29,7 @@ thread start-up is not timed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,12 +49,14 @@ from ._harness import (
     start_executor_workers,
     start_registry_workers,
     timed_once,
+    warm_pool,
 )
 
 WORKERS = 8  # every thread pool measured here has this many workers
 CONCURRENCY = 8
 TARGETS = {1: Target(1.00), 8: Target(0.90)}  # toolreg aio / asyncio.to_thread, by concurrency
 BASELINE = "asyncio.to_thread"
+ON_DEMAND = "loop.run_in_executor, pool started on demand"
 ARGUMENTS: dict[str, Any] = {"q": "quiescent cancellation", "limit": 10}
 
 Invoke = Callable[[], Awaitable[Any]]
@@ -146,6 +154,7 @@ def measure(quick: bool) -> tuple[Rounds, list[str]]:
         start_executor_workers(default, WORKERS)
         start_executor_workers(pool, WORKERS)
         start_registry_workers(registry, WORKERS)
+        on_demand = {concurrency: warm_pool(WORKERS) for concurrency in (1, CONCURRENCY)}
     areg = AsyncToolRegistry(registry)
     variants: dict[str, Invoke] = {
         "toolreg aio": lambda: areg.execute("search", ARGUMENTS),
@@ -172,12 +181,19 @@ def measure(quick: bool) -> tuple[Rounds, list[str]]:
             for concurrency in (1, CONCURRENCY)
             for name, invoke in variants.items()
         }
+        for concurrency, warm in on_demand.items():
+            invoke = functools.partial(loop.run_in_executor, warm, search, ARGUMENTS, None)
+            with _regime.worker_side():  # the threads it starts while warming are workers
+                loop.run_until_complete(_awaits(invoke, 4 * WORKERS, concurrency))
+            runs[f"{ON_DEMAND}|{concurrency}"] = timed(invoke, concurrency)
         return interleaved(runs, repeats), skipped
     finally:
         loop.run_until_complete(areg.aclose())
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
         pool.shutdown(wait=True)
+        for warm in on_demand.values():
+            warm.shutdown(wait=True)
 
 
 def run(quick: bool) -> list[Row]:
@@ -197,6 +213,15 @@ def run(quick: bool) -> list[Row]:
                 against = f"{BASELINE}, {shape}"
                 target = TARGETS[concurrency]
                 rows.append(judged(f"{name}, {shape}", figure, factor, target, against))
+                warm = m.ratio(key, f"{ON_DEMAND}|{concurrency}")
+                rows.append(
+                    Row(
+                        f"{name}, {shape}, against the pool started on demand",
+                        figure,
+                        f"{warm:.2f}x",
+                        baseline=f"{ON_DEMAND}, {shape}",
+                    )
+                )
             else:
                 label = f"{name}, {shape}" + (" (baseline)" if name == BASELINE else "")
                 rows.append(Row(label, figure, f"{factor:.2f}x"))

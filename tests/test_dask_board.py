@@ -131,3 +131,19 @@ def test_progress_goes_to_the_owning_client_while_the_record_lives() -> None:
     assert scheduler.sent == [
         ("client-7", {"op": "event", "topic": "topic-1", "event": [KEY, 1, 3, "one"]})
     ]
+
+
+def test_a_group_of_claims_or_cancels_decides_each_key_by_the_one_rule() -> None:
+    keys = [f"toolreg-t-{n}" for n in range(4)]
+    board, _ = board_with(*keys[:3])
+    board.cancel(keys[1], b"r", "client-1")  # refused while pending
+    board.claim(keys[2], "w0")  # started already: a rerun
+    assert board.claim_all(keys, "w1") == ["started", "refused", "rerun", "refused"]
+    assert board.cancel_all(keys, [b"a", b"b", b"c", b"d"], "client-1") == [
+        "started",
+        "refused",
+        "started",
+        "refused",
+    ]
+    assert asyncio.run(board.watch("w1", 0.0)) == [[keys[0], b"a"]]
+    assert asyncio.run(board.watch("w0", 0.0)) == [[keys[2], b"c"]]

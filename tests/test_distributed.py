@@ -14,6 +14,7 @@ import asyncio
 import functools
 import logging
 import pickle
+import random
 import subprocess
 import sys
 import threading
@@ -308,6 +309,46 @@ def test_a_call_cancelled_while_queued_on_a_busy_worker_returns_at_once_and_neve
     assert [blocker.join().value for blocker in blockers] == ["released", "released"]
     wait_until(lambda: settled(remote.client, remote.backend), "the worker to drop the task")
     assert not remote.is_set(queued_started)  # the worker's copy of the task was refused
+
+
+def test_grouped_calls_cancelled_at_random_moments_keep_the_contract(remote: Remote) -> None:
+    """Many callers at once, so their messages travel in groups, each cancelled after a random
+    pause (or not at all): a call refused before its body started never starts on a worker,
+    and every other call ran its body and reports it."""
+    remote.tool(bodies.mark, concurrency_safe=True)
+    seed = random.randrange(2**32)
+    chooser = random.Random(seed)
+    calls = 24
+    started = [remote.event(f"started{n}") for n in range(calls)]
+    sources = [CancelSource() for _ in range(calls)]
+    pauses = [chooser.choice([None, 0.0, 0.001, 0.003, 0.01]) for _ in range(calls)]
+    results: list[ToolResult[Any] | None] = [None] * calls
+
+    def call(index: int) -> None:
+        args = {"started": started[index]}
+        results[index] = remote.registry.execute("mark", args, token=sources[index].token)
+
+    def cancel(index: int) -> None:
+        pause = pauses[index]
+        if pause is not None:
+            threading.Event().wait(pause)  # a random moment, not a handshake
+            sources[index].cancel("random")
+
+    threads = [threading.Thread(target=call, args=(n,)) for n in range(calls)]
+    threads += [threading.Thread(target=cancel, args=(n,)) for n in range(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    assert not any(thread.is_alive() for thread in threads), f"seed {seed}"
+    for index, result in enumerate(results):
+        assert result is not None, f"seed {seed}"
+        if result.code == BEFORE:
+            assert not result.dispatched and not remote.is_set(started[index]), f"seed {seed}"
+        else:
+            assert result.dispatched and remote.is_set(started[index]), f"seed {seed}: {result}"
+            assert result.ok or result.code == ABORTED, f"seed {seed}: {result}"
+            assert result.ok or pauses[index] is not None, f"seed {seed}: {result}"
 
 
 def test_cancel_mid_body_reaches_the_body_with_its_reason_and_the_caller_waits(

@@ -6,14 +6,20 @@ time, so each is atomic:
 
 * `update_graph` (the task arrives from the client): a `PENDING` record, owned by that client.
   This runs before the scheduler can hand the task to any worker.
-* `toolreg_claim(key, worker)` (the worker, right before the body): `PENDING` becomes `STARTED`
-  and the body may start. A record that is `REFUSED`, or missing, refuses: the body never
-  starts. A record already `STARTED` answers `rerun`: Dask is running the task again after
-  losing the worker that started it, and the body must not start a second time.
-* `toolreg_cancel(key, reason, client)` (the caller's token was cancelled): `PENDING` becomes
-  `REFUSED` for good; a `STARTED` body gets a notice for its worker's watcher, carrying the
-  reason. A cancel that overtook the task itself (the client's graph message is batched, the
-  cancel is not) leaves a `REFUSED` record that the task then finds.
+* `toolreg_claim(keys, worker)` (the worker, right before each body): `PENDING` becomes
+  `STARTED` and the body may start. A record that is `REFUSED`, or missing, refuses: the body
+  never starts. A record already `STARTED` answers `rerun`: Dask is running the task again
+  after losing the worker that started it, and the body must not start a second time.
+* `toolreg_cancel(keys, reasons, client)` (the callers' tokens were cancelled): `PENDING`
+  becomes `REFUSED` for good; a `STARTED` body gets a notice for its worker's watcher, carrying
+  the reason. A cancel that overtook the task itself (the client's graph message is batched,
+  the cancel is not) leaves a `REFUSED` record that the task then finds.
+
+Claims and cancels travel in groups: a worker's claims made while its previous claim message
+was on its way go together in the next one, and so do a client's cancels (`_worker`,
+`_attempt`). Each key of a group is decided on its own by the same rule (`claim`, `cancel`),
+all in one turn of the loop, so a group is atomic too and a key's verdict never depends on
+the others in its group.
 * `toolreg_watch(worker, timeout)`: a worker's one long poll for notices (see `_worker`).
 * `toolreg_progress(key, topic, update)`: relays a body's progress to the client that owns it.
 
@@ -37,7 +43,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 __all__ = ["BOARD_NAME", "KEY_PREFIX", "ClaimBoard"]
 
-BOARD_NAME = "toolreg-claim-board-1"  # the plugin's name on the scheduler (versioned)
+BOARD_NAME = "toolreg-claim-board-2"  # the plugin's name on the scheduler (versioned)
 KEY_PREFIX = "toolreg-"  # the Dask key of every remote attempt starts with this
 
 PENDING, STARTED, REFUSED = "pending", "started", "refused"
@@ -80,8 +86,8 @@ class ClaimBoard(SchedulerPlugin):
         self._scheduler = scheduler
         scheduler.handlers.update(
             {
-                "toolreg_claim": self.claim,
-                "toolreg_cancel": self.cancel,
+                "toolreg_claim": self.claim_all,
+                "toolreg_cancel": self.cancel_all,
                 "toolreg_watch": self.watch,
                 "toolreg_progress": self.progress,
                 "toolreg_board": self.describe,
@@ -124,6 +130,16 @@ class ClaimBoard(SchedulerPlugin):
                 del self._watches[worker]
 
     # -- handlers (RPCs) ----------------------------------------------------------------------
+
+    def claim_all(self, keys: list[str], worker: str) -> list[str]:
+        """The verdict of `claim` for each key, in order (one message from a worker)."""
+        return [self.claim(key, worker) for key in keys]
+
+    def cancel_all(
+        self, keys: list[str], reasons: list[bytes | None], client: str | None = None
+    ) -> list[str]:
+        """The phase `cancel` returns for each key, in order (one message from a client)."""
+        return [self.cancel(key, reason, client) for key, reason in zip(keys, reasons, strict=True)]
 
     def claim(self, key: str, worker: str) -> str:
         """`started` (the body may start), `refused`, or `rerun` (it started once already)."""

@@ -21,6 +21,7 @@ from .._body import NotStarted, ToolContext
 from .._catalog import RUNNER_ATTRIBUTE
 from ._attempt import Attempt, deliver
 from ._board import BOARD_NAME, KEY_PREFIX, ClaimBoard
+from ._groups import Groups
 from ._outcome import RemoteToolError, dump_reason
 
 __all__ = ["DaskBackend"]
@@ -88,7 +89,7 @@ class DaskBackend:
                     f"{', '.join(sorted(_SUBMIT_OPTIONS))}"
                 )
         self._client: Any = cast(Any, client)  # distributed is only partly typed
-        self._options = dict(submit_kwargs)
+        self._groups = Groups(client, submit_kwargs)
         self._topic = f"toolreg-progress-{uuid.uuid4().hex}"
         # The attempts in flight, by key, for progress routing. Single dict operations are
         # atomic: the stage threads insert (under _lock) and pop, the client's loop reads.
@@ -180,13 +181,14 @@ class DaskBackend:
             reason = dump_reason(token.reason)  # pre-aborted: it starts cancelled, as locally
         body = runner.pickled()
         key = f"{KEY_PREFIX}{ctx.call.name}-{uuid.uuid4().hex}"
-        attempt = Attempt(self._client, key, token)
+        attempt = Attempt(self._client, self._groups, key, token)
         with self._lock:
             if self._closed:
                 raise RemoteToolError("this DaskBackend is closed: create a new one")
             self._attempts[key] = attempt
         try:
-            listener = attempt.start(ctx, self._options, body, self._topic, reason)
+            arguments = (body, ctx.call, key, self._topic, reason)
+            listener = attempt.start(ctx, arguments, listen=reason is None)
             outcome = attempt.join(ctx, listener)
         finally:
             self._attempts.pop(key, None)

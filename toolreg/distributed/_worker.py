@@ -5,9 +5,11 @@
 1. It loads the body (unpickled once per worker process and cached) and creates the body's
    local `CancelSource`, registered with this worker's `_WorkerSide` *before* the claim, so a
    cancellation notice that arrives right after the claim finds it.
-2. It claims the call on the board (`_board`): one RPC, answered on the scheduler's loop.
-   Refused: the body never starts. `rerun`: Dask is running the task again after losing the
-   worker that started it; the body does not start a second time (`LOST`).
+2. It claims the call on the board (`_board`): one message, answered on the scheduler's loop,
+   shared with the claims the worker's other threads made while the previous one was on its
+   way (`_WorkerSide.claim`). Refused: the body never starts. `rerun`: Dask is running the task
+   again after losing the worker that started it; the body does not start a second time
+   (`LOST`).
 3. It runs the body with a `RemoteContext`. A pre-aborted call (the caller's token was already
    cancelled at entry) starts with its local token cancelled, with the caller's reason.
 4. It pickles the outcome itself (`_outcome`) and returns it.
@@ -28,6 +30,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from typing import Any, NoReturn
 
 import cloudpickle
@@ -251,9 +254,11 @@ class _WorkerSide:
     def __init__(self, worker: Any) -> None:
         self._worker = worker
         self._address: str = worker.address
-        self._lock = threading.Lock()  # guards _sources and _watching
+        self._lock = threading.Lock()  # guards _sources, _watching, _claims and _claiming
         self._sources: dict[str, CancelSource] = {}
         self._watching = False
+        self._claims: dict[str, Future[str]] = {}  # claims waiting for the next message
+        self._claiming = False  # a claim message is on its way (or about to be sent)
 
     @staticmethod
     def of(worker: Any) -> _WorkerSide:
@@ -279,11 +284,48 @@ class _WorkerSide:
             self._sources.pop(key, None)
 
     def claim(self, key: str) -> str:
-        """The board's verdict for `key` (an RPC on the worker's loop; this thread waits)."""
-        worker = self._worker
-        rpc = worker.scheduler.toolreg_claim(key=key, worker=self._address)
-        verdict: str = asyncio.run_coroutine_threadsafe(rpc, worker.loop.asyncio_loop).result()
-        return verdict
+        """The board's verdict for `key` (this thread waits for it).
+
+        The claims of this worker's threads travel in groups, one message on its way at a
+        time: a claim made while one is on its way goes with the next, so a worker whose
+        threads start bodies together sends one message for them, and a lone claim goes at
+        once.
+        """
+        verdict: Future[str] = Future()
+        with self._lock:
+            self._claims[key] = verdict
+            send = not self._claiming
+            self._claiming = True
+        if send:
+            self._worker.loop.add_callback(self._send_claims)
+        return verdict.result()
+
+    async def _send_claims(self) -> None:
+        """On the worker's loop: send the waiting claims, a group at a time, until none wait."""
+        while True:
+            with self._lock:
+                group, self._claims = self._claims, {}
+                if not group:
+                    self._claiming = False
+                    return
+            try:
+                verdicts = await self._worker.scheduler.toolreg_claim(
+                    keys=list(group), worker=self._address
+                )
+            except Exception as exc:
+                for waiter in group.values():
+                    waiter.set_exception(exc)
+                continue
+            except BaseException:  # the worker's loop is going away: no claim may wait forever
+                with self._lock:
+                    group.update(self._claims)
+                    self._claims = {}
+                    self._claiming = False
+                for waiter in group.values():
+                    waiter.set_exception(RuntimeError("the worker stopped while claiming"))
+                raise
+            for waiter, verdict in zip(group.values(), verdicts, strict=True):
+                waiter.set_result(verdict)
 
     async def _watch(self) -> None:
         worker = self._worker
