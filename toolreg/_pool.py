@@ -49,6 +49,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, Protocol, TypeVar
 
+from . import _validate
 from ._helper import HELPER
 from ._logger import logger
 from ._wake import Wake, new_wake
@@ -87,7 +88,8 @@ class WorkerPool(Executor):
     `submit(fn, *args, **kwargs)` returns a `Future`, `map` and `with` work, and
     `shutdown(wait=True, cancel_futures=False)` stops the workers (work already queued still
     runs unless `cancel_futures=True`). Thread-safe. Workers are daemon threads named
-    `<thread_name_prefix>-<n>`, started on demand up to `max_workers`.
+    `<thread_name_prefix>-<n>`, started on demand up to `max_workers` (an int, `TypeError`
+    otherwise, a `bool` included; below 1 is a `ValueError`).
 
     Example::
 
@@ -98,8 +100,7 @@ class WorkerPool(Executor):
     def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "") -> None:
         if max_workers is None:
             max_workers = min(32, (os.cpu_count() or 1) + 4)
-        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-            raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
+        max_workers = _validate.count(max_workers, "max_workers")
         if not isinstance(thread_name_prefix, str):
             raise TypeError("thread_name_prefix must be a str")
         self._max = max_workers

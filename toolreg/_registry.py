@@ -103,7 +103,10 @@ class ToolRegistry:
     `WorkerPool` or a `ThreadPoolExecutor` the caller owns instead (the registry never shuts it
     down; a `ThreadPoolExecutor` costs a `Future` per body, so it is slower); passing both is a
     `TypeError`. `overdue_after` (seconds, or None) is when a body still running after its
-    cancellation is reported, once, as a WARNING on the `toolreg` logger.
+    cancellation is reported, once, as a WARNING on the `toolreg` logger. A `max_workers` that
+    is not an int or an `overdue_after` that is not a number (a `bool` is neither) is a
+    `TypeError`; `max_workers < 1` or an `overdue_after` that is not finite and positive is a
+    `ValueError`.
 
     Thread-safe: tools and hooks may be added or removed while calls are in flight (a call uses
     the hooks present at its entry). `close()` (or leaving a `with` block) cancels every call in
