@@ -28,6 +28,7 @@ from ._hooks import (
     PreExecuteHook,
     ResultObserver,
 )
+from ._interrupts import INTERRUPTS
 from ._logger import logger as _logger
 from ._progress import ProgressCallback, ProgressSink
 from ._record import record
@@ -278,7 +279,7 @@ class ToolRegistry:
         for listener in self._hooks.current.tools_changed:
             try:
                 listener()
-            except (KeyboardInterrupt, SystemExit):
+            except INTERRUPTS:
                 raise
             except BaseException:
                 _logger.exception("toolreg: on_tools_changed callback %r raised", listener)
