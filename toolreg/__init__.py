@@ -8,7 +8,8 @@ The public API, re-exported from the private modules that implement it:
 * tools (`_tools`): `Tool`, `ToolContext`, `FrozenDict`, `thaw`; the catalog (`_catalog`):
   `Catalog`; progress (`_progress`): `ToolProgress`;
 * hooks (`_hooks`): `Allow`, `Deny`, `Ask`, `Dispatch` and the `Protocol` of each hook kind;
-* the registry (`_registry`): `ToolRegistry`, `InFlightCall`;
+* the registry (`_registry`): `ToolRegistry`, `InFlightCall`, and `ToolFunction`, the type of a
+  tool's body;
 * policies (`_policies`): `TimeoutPolicy`, `RetryPolicy`;
 * the thread pool (`_pool`): `WorkerPool`, loaded when first named (it is a
   `concurrent.futures.Executor`, and `import toolreg` does not load `concurrent.futures`).
@@ -63,6 +64,7 @@ try:
     from ._progress import ToolProgress as ToolProgress
     from ._public import report_public as _report_public
     from ._registry import InFlightCall as InFlightCall
+    from ._registry import ToolFunction as ToolFunction
     from ._registry import ToolRegistry as ToolRegistry
     from ._results import CallTimeline as CallTimeline
     from ._results import ErrorCode as ErrorCode
@@ -110,6 +112,7 @@ __all__ = [
     "ToolCall",
     "ToolContext",
     "ToolError",
+    "ToolFunction",
     "ToolProgress",
     "ToolRegistry",
     "ToolResult",

@@ -25,6 +25,11 @@ MAX_DEPTH = 64  # deeper arguments are refused: no model needs them, and recursi
 
 ConcurrencySafe = bool | Callable[[Mapping[str, Any]], bool]
 
+# A body as this module can type it: `fn(args, ctx)`, called with both positionally. The public
+# `ToolFunction` (in `_registry`) types them: `ToolContext` is defined above this module (a
+# context holds the call's state, which holds its `Tool`), so this module cannot name it.
+Body = Callable[[Any, Any], Any]
+
 # What every client accepts (MCP's tool-name rule); stricter provider rules apply per catalog.
 NAME_RULE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
@@ -53,7 +58,7 @@ class Tool:
     """
 
     name: str
-    fn: Callable[..., Any]
+    fn: Body
     _: KW_ONLY
     description: str = ""
     parameters: Mapping[str, Any] | None = None
@@ -68,7 +73,7 @@ class Tool:
     def __init__(
         self,
         name: str,
-        fn: Callable[..., Any],
+        fn: Body,
         *,
         description: str = "",
         parameters: Mapping[str, Any] | None = None,
