@@ -24,9 +24,8 @@ A.12 (the module map).
 import gc as _gc
 
 # The import makes a few thousand objects that live as long as the interpreter: a cyclic
-# collection during it (there would be several at the default thresholds) only walks them:
-# skipping them made the import 0.95x (paired runs). The collector's state is restored however
-# this ends.
+# collection during it (there would be several at the default thresholds) only walks them, so
+# the import skips them. The collector's state is restored however this ends.
 _collecting = _gc.isenabled()
 _gc.disable()
 try:

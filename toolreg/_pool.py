@@ -17,10 +17,9 @@ and takes the next from the backlog passes nothing on: items are queued while a 
 spare only behind a worker waking (or starting), which will look at the backlog, and a worker
 only goes idle with the backlog empty. So no item waits behind a body while a worker is to
 spare, only behind wake-ups, and the workers that run are few: with eight callers, eight woken
-workers would each fight the callers for the GIL (measured: 3 sleeps per call across the
-workers, against 0.6 this way), and a pass-on from every worker that takes a queued item woke
-about 2.4 per call with the callers on another CPU (1.6x a `ThreadPoolExecutor`'s wall time;
-0.6 and 1.0x without).
+workers would each fight the callers for the GIL and mostly go back to sleep, and a pass-on from
+every worker that takes a queued item would wake more workers than there is work for, worst
+with the callers on another CPU.
 
 Work items are objects with two methods: `_run()`, called once on a worker (it must not raise;
 the pool logs it if it does), and `_drop()`, called instead if the pool discards the item

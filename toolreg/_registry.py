@@ -68,7 +68,8 @@ class ToolFunction(Protocol):
 F = TypeVar("F", bound=ToolFunction)
 
 # `_batch.execute_batch`, loaded with the first batch (not by `import toolreg`) and kept here: an
-# import statement in `execute_batch` cost 0.8 us a batch even once the module was loaded.
+# import statement in `execute_batch` would go through the import machinery on every batch, even
+# once the module is loaded.
 _run_batch: Callable[..., list[ToolResult[Any]]] | None = None
 
 
