@@ -52,6 +52,7 @@ PUBLIC = [
     "ToolCall",
     "ToolContext",
     "ToolError",
+    "ToolFunction",
     "ToolProgress",
     "ToolRegistry",
     "ToolResult",

@@ -242,6 +242,29 @@ def test_build_server_and_serve_refuse_bad_arguments_before_anything_runs() -> N
         assert not registry.closed
 
 
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"max_concurrent_calls": "1"}, TypeError),
+        ({"max_concurrent_calls": True}, TypeError),
+        ({"max_concurrent_calls": 1.0}, TypeError),
+        ({"max_concurrent_calls": 0}, ValueError),
+        ({"transport": "streamable-http", "port": "8000"}, TypeError),
+        ({"transport": "streamable-http", "port": True}, TypeError),
+        ({"transport": "streamable-http", "port": -1}, ValueError),
+        ({"transport": "streamable-http", "port": 65536}, ValueError),
+    ],
+)
+def test_a_count_that_is_not_an_int_is_a_type_error_and_one_out_of_range_a_value_error(
+    options: dict[str, Any], error: type[Exception]
+) -> None:
+    from toolreg.mcp import serve
+
+    name = "port" if "port" in options else "max_concurrent_calls"
+    with open_registry(max_workers=1) as registry, pytest.raises(error, match=name):
+        serve(registry, **options)
+
+
 def test_the_http_socket_listens_before_its_address_is_announced() -> None:
     """`serve` logs the URL before uvicorn serves: a client connecting then must not be refused."""
     from toolreg.mcp._transports import _bound

@@ -510,6 +510,9 @@ def test_mount_refuses_bad_arguments_before_anything_starts() -> None:
             ({"names": [1]}, TypeError),
             ({"token": CancelSource()}, TypeError),
             ({"cancel_grace": -1}, ValueError),
+            ({"cancel_grace": True}, TypeError),
+            ({"cancel_grace": "1"}, TypeError),
+            ({"timeout": True}, TypeError),
             ({"timeout": 0}, ValueError),
             ({"timeout": float("inf")}, ValueError),
         ]

@@ -63,11 +63,13 @@ from toolreg import (
     ToolContext,
     ToolRegistry,
     ToolResult,
+    WorkerPool,
     deadline,
 )
 from toolreg._jobs import JobThreads
 from toolreg._timer import ManualClock
 from toolreg.aio import AsyncToolRegistry
+from toolreg.log import ResultLog
 from toolreg.process import run, scrubbed_env
 
 INVALID_ARGS = ErrorCode.INVALID_ARGS
@@ -988,6 +990,85 @@ def test_a_non_number_of_seconds_is_a_type_error_everywhere(value: Any) -> None:
     for make in makers:
         with pytest.raises(TypeError, match="must be a number of seconds"):
             make()
+
+
+# -- 15b. every count and seconds argument: TypeError for a wrong type, ValueError for a bad one
+
+
+def _batch(max_parallel: Any) -> None:
+    with open_registry(max_workers=1) as registry:
+        registry.register(Tool("echo", echo))
+        registry.execute_batch([ToolCall("echo")], max_parallel=max_parallel)
+
+
+def _awaited_batch(max_parallel: Any) -> None:
+    async def main(registry: ToolRegistry) -> None:
+        async with AsyncToolRegistry(registry) as facade:
+            await facade.execute_batch([ToolCall("echo")], max_parallel=max_parallel)
+
+    with open_registry(max_workers=1) as registry:
+        registry.register(Tool("echo", echo))
+        asyncio.run(main(registry))
+
+
+def _result_log(tmp_path: Path, **options: Any) -> None:
+    ResultLog(tmp_path / "calls.jsonl", **options).close()
+
+
+# Each public entry point with a count or a seconds argument: how to call it with `value`, the
+# name its errors give, and a value of the right type that is out of range. A bool would be in
+# range everywhere (True is 1) if it were taken for a number.
+NUMBER_ARGUMENTS: dict[str, tuple[Callable[[Any, Path], object], str, object]] = {
+    "WorkerPool(max_workers=)": (lambda v, _: WorkerPool(v), "max_workers", 0),
+    "ToolRegistry(max_workers=)": (lambda v, _: ToolRegistry(max_workers=v), "max_workers", 0),
+    "ToolRegistry(overdue_after=)": (
+        lambda v, _: ToolRegistry(max_workers=1, overdue_after=v),
+        "overdue_after",
+        0,
+    ),
+    "execute_batch(max_parallel=)": (lambda v, _: _batch(v), "max_parallel", 0),
+    "aio execute_batch(max_parallel=)": (lambda v, _: _awaited_batch(v), "max_parallel", 0),
+    "RetryPolicy(attempts=)": (lambda v, _: RetryPolicy(attempts=v), "attempts", 0),
+    "RetryPolicy(backoff=)": (lambda v, _: RetryPolicy(backoff=v), "backoff", -1),
+    "TimeoutPolicy(default=)": (lambda v, _: TimeoutPolicy(default=v), "default", 0),
+    "Tool(timeout=)": (lambda v, _: Tool("t", echo, timeout=v), "timeout", 0),
+    "CancelSource(timeout=)": (lambda v, _: CancelSource(timeout=v), "timeout", 0),
+    "deadline(seconds)": (lambda v, _: deadline(None, v), "seconds", 0),
+    "ResultLog(max_bytes=)": (lambda v, p: _result_log(p, max_bytes=v), "max_bytes", -1),
+    "ResultLog(backup_count=)": (
+        lambda v, p: _result_log(p, backup_count=v),
+        "backup_count",
+        -1,
+    ),
+    "ResultLog(linger=)": (lambda v, p: _result_log(p, linger=v), "linger", 2.0),
+    "process.run(timeout=)": (lambda v, _: _process_run(timeout=v), "timeout", 0),
+    "process.run(grace=)": (lambda v, _: _process_run(grace=v), "grace", -1),
+    "process.run(max_output=)": (lambda v, _: _process_run(max_output=v), "max_output", -1),
+}
+
+
+@pytest.mark.parametrize("where", sorted(NUMBER_ARGUMENTS))
+@pytest.mark.parametrize(
+    ("case", "error"),
+    [("a str", TypeError), ("a bool", TypeError), ("out of range", ValueError)],
+)
+def test_every_count_and_seconds_argument_raises_type_error_for_a_type_value_error_for_a_value(
+    where: str, case: str, error: type[Exception], tmp_path: Path
+) -> None:
+    make, name, bad = NUMBER_ARGUMENTS[where]
+    value = {"a str": "1", "a bool": True, "out of range": bad}[case]
+    threads = threading.active_count()
+    with pytest.raises(error, match=name):
+        make(value, tmp_path)
+    assert threading.active_count() == threads  # refused before anything started
+
+
+@pytest.mark.parametrize("value", [2.0, 1.5])
+def test_a_float_is_not_a_count(value: float) -> None:
+    with pytest.raises(TypeError, match="max_workers must be an int, got float"):
+        WorkerPool(value)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="attempts must be an int, got float"):
+        RetryPolicy(attempts=value)  # type: ignore[arg-type]
 
 
 # -- 16. the caller's earlier cancellation wins under an unlinked dispatch.token ----------------

@@ -10,7 +10,7 @@ import copy
 import dataclasses
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
@@ -25,9 +25,11 @@ from _registry_helpers import (
 
 from toolreg import (
     ErrorCode,
+    FrozenDict,
     Registration,
     Tool,
     ToolContext,
+    ToolFunction,
     ToolRegistry,
 )
 
@@ -143,6 +145,35 @@ def test_bad_tool_definitions_raise_before_any_call(
 ) -> None:
     with pytest.raises(error):
         make()
+
+
+def test_a_body_gets_the_frozen_arguments_and_its_context_positionally(
+    registry: ToolRegistry,
+) -> None:
+    """What `ToolFunction` types: `fn(args, ctx)`, both positional, whatever their names."""
+    seen: list[tuple[type, type]] = []
+
+    def body(arguments: Mapping[str, Any], context: ToolContext, /) -> str:
+        seen.append((type(arguments), type(context)))
+        return "ok"
+
+    fn: ToolFunction = body  # mypy --strict checks the suite: a typed body is a ToolFunction
+    registry.register(Tool("positional", fn))
+    assert registry.execute("positional", {"a": 1}).content == "ok"
+    assert seen == [(FrozenDict, ToolContext)]
+
+
+def test_the_tool_decorator_asks_for_a_name_when_the_callable_has_none(
+    registry: ToolRegistry,
+) -> None:
+    class Body:
+        def __call__(self, args: Mapping[str, Any], ctx: ToolContext) -> str:
+            return "ok"
+
+    with pytest.raises(TypeError, match="name="):
+        registry.tool(Body())
+    registry.tool(Body(), name="named")
+    assert registry.execute("named").content == "ok"
 
 
 def test_register_rejects_something_that_is_not_a_tool(registry: ToolRegistry) -> None:

@@ -8,7 +8,8 @@ The public API, re-exported from the private modules that implement it:
 * tools (`_tools`): `Tool`, `ToolContext`, `FrozenDict`, `thaw`; the catalog (`_catalog`):
   `Catalog`; progress (`_progress`): `ToolProgress`;
 * hooks (`_hooks`): `Allow`, `Deny`, `Ask`, `Dispatch` and the `Protocol` of each hook kind;
-* the registry (`_registry`): `ToolRegistry`, `InFlightCall`;
+* the registry (`_registry`): `ToolRegistry`, `InFlightCall`, and `ToolFunction`, the type of a
+  tool's body;
 * policies (`_policies`): `TimeoutPolicy`, `RetryPolicy`;
 * the thread pool (`_pool`): `WorkerPool`, loaded when first named (it is a
   `concurrent.futures.Executor`, and `import toolreg` does not load `concurrent.futures`).
@@ -23,9 +24,8 @@ A.12 (the module map).
 import gc as _gc
 
 # The import makes a few thousand objects that live as long as the interpreter: a cyclic
-# collection during it (there would be several at the default thresholds) only walks them:
-# skipping them made the import 0.95x (paired runs). The collector's state is restored however
-# this ends.
+# collection during it (there would be several at the default thresholds) only walks them, so
+# the import skips them. The collector's state is restored however this ends.
 _collecting = _gc.isenabled()
 _gc.disable()
 try:
@@ -63,6 +63,7 @@ try:
     from ._progress import ToolProgress as ToolProgress
     from ._public import report_public as _report_public
     from ._registry import InFlightCall as InFlightCall
+    from ._registry import ToolFunction as ToolFunction
     from ._registry import ToolRegistry as ToolRegistry
     from ._results import CallTimeline as CallTimeline
     from ._results import ErrorCode as ErrorCode
@@ -110,6 +111,7 @@ __all__ = [
     "ToolCall",
     "ToolContext",
     "ToolError",
+    "ToolFunction",
     "ToolProgress",
     "ToolRegistry",
     "ToolResult",

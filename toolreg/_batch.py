@@ -44,6 +44,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from . import _validate
 from ._call import CallMode, CallState
 from ._cancel import CancelSource, CancelToken
 from ._catalog import CatalogEntry
@@ -97,10 +98,7 @@ class BatchHost(Protocol):
 
 def check_batch(calls: Iterable[ToolCall], max_parallel: int) -> list[ToolCall]:
     """Validate a batch before anything starts: `TypeError` or `ValueError` names the problem."""
-    if isinstance(max_parallel, bool) or not isinstance(max_parallel, int):
-        raise TypeError(f"max_parallel must be an int >= 1, got {max_parallel!r}")
-    if max_parallel < 1:
-        raise ValueError(f"max_parallel must be an int >= 1, got {max_parallel!r}")
+    _validate.count(max_parallel, "max_parallel")
     if isinstance(calls, (str, bytes, Mapping)):
         raise TypeError("execute_batch() takes an iterable of ToolCall objects")
     batch = list(calls)

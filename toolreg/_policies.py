@@ -155,6 +155,10 @@ class RetryPolicy:
     `TOOL_TIMEOUT`, denials or hook errors. The last attempt's result stands. Every attempt's
     body is joined before the next starts.
 
+    An `attempts` that is not an int, or a `backoff` that is neither a number nor callable (a
+    `bool` is neither), raises `TypeError`; `attempts < 1` or a negative, NaN or infinite
+    `backoff` raises `ValueError`.
+
     `wait(token, seconds) -> bool` is how the backoff waits (default: `token.wait(seconds)`):
     block until `token` is cancelled or `seconds` passed, and return True if it was cancelled.
     It runs on the thread running the call, like `tenacity`'s `sleep=`; tests pass one that
@@ -172,10 +176,7 @@ class RetryPolicy:
         *,
         wait: Wait = _wait_on,
     ) -> None:
-        if isinstance(attempts, bool) or not isinstance(attempts, int):
-            raise TypeError(f"attempts must be an int >= 1, got {type(attempts).__name__}")
-        if attempts < 1:
-            raise ValueError(f"attempts must be an int >= 1, got {attempts!r}")
+        _validate.count(attempts, "attempts")
         if not callable(backoff):
             if not _is_number(backoff):
                 raise TypeError(f"backoff must be seconds or a callable, got {backoff!r}")

@@ -17,10 +17,9 @@ and takes the next from the backlog passes nothing on: items are queued while a 
 spare only behind a worker waking (or starting), which will look at the backlog, and a worker
 only goes idle with the backlog empty. So no item waits behind a body while a worker is to
 spare, only behind wake-ups, and the workers that run are few: with eight callers, eight woken
-workers would each fight the callers for the GIL (measured: 3 sleeps per call across the
-workers, against 0.6 this way), and a pass-on from every worker that takes a queued item woke
-about 2.4 per call with the callers on another CPU (1.6x a `ThreadPoolExecutor`'s wall time;
-0.6 and 1.0x without).
+workers would each fight the callers for the GIL and mostly go back to sleep, and a pass-on from
+every worker that takes a queued item would wake more workers than there is work for, worst
+with the callers on another CPU.
 
 Work items are objects with two methods: `_run()`, called once on a worker (it must not raise;
 the pool logs it if it does), and `_drop()`, called instead if the pool discards the item
@@ -49,6 +48,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, Protocol, TypeVar
 
+from . import _validate
 from ._helper import HELPER
 from ._logger import logger
 from ._wake import Wake, new_wake
@@ -87,7 +87,8 @@ class WorkerPool(Executor):
     `submit(fn, *args, **kwargs)` returns a `Future`, `map` and `with` work, and
     `shutdown(wait=True, cancel_futures=False)` stops the workers (work already queued still
     runs unless `cancel_futures=True`). Thread-safe. Workers are daemon threads named
-    `<thread_name_prefix>-<n>`, started on demand up to `max_workers`.
+    `<thread_name_prefix>-<n>`, started on demand up to `max_workers` (an int, `TypeError`
+    otherwise, a `bool` included; below 1 is a `ValueError`).
 
     Example::
 
@@ -98,8 +99,7 @@ class WorkerPool(Executor):
     def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "") -> None:
         if max_workers is None:
             max_workers = min(32, (os.cpu_count() or 1) + 4)
-        if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
-            raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}")
+        max_workers = _validate.count(max_workers, "max_workers")
         if not isinstance(thread_name_prefix, str):
             raise TypeError("thread_name_prefix must be a str")
         self._max = max_workers

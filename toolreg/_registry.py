@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from ._dispatch import Dispatcher
 
 from . import _validate
-from ._body import owned_call
+from ._body import ToolContext, owned_call
 from ._call import CallMode, Stage
 from ._cancel import CancelToken, Registration, caller_token
 from ._catalog import Catalog, SchemaStyle, ToolTable
@@ -28,22 +28,56 @@ from ._hooks import (
     PreExecuteHook,
     ResultObserver,
 )
+from ._interrupts import INTERRUPTS
 from ._logger import logger as _logger
 from ._progress import ProgressCallback, ProgressSink
 from ._record import record
 from ._results import ToolCall, ToolResult
 from ._tools import ConcurrencySafe, Tool
 
-__all__ = ["InFlightCall", "ToolRegistry"]
+__all__ = ["InFlightCall", "ToolFunction", "ToolRegistry"]
 
 _NEVER = CancelToken.never()
 _DIRECT = CallMode.direct(True)
 _DIRECT_MODEL = CallMode.direct(False)
-F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ToolFunction(Protocol):
+    """The type of a tool's body: `fn(args, ctx) -> value`, called with both positionally.
+
+    `args` is the call's validated arguments, read-only (a `FrozenDict`); `ctx` is the call's
+    `ToolContext` (its token, progress, deferred contexts and nested calls). The registry calls
+    the body once per started call, on a worker thread or inline, and joins it; what it
+    returns is the call's value (`Tool(render=)` makes the content), what it raises a
+    `TOOL_ERROR`. An `async def` body returns a coroutine, which the registry runs to the end.
+    A body marked with `DaskBackend.remote` gets a `RemoteContext` on the worker instead (the
+    same members; nested calls raise). The parameter names are free.
+
+    Example::
+
+        def search(args: Mapping[str, Any], ctx: ToolContext) -> list[str]:
+            ctx.token.raise_if_cancelled()
+            return index.lookup(args["q"])
+
+        registry.register(Tool("search", search))  # or @registry.tool on the function
+    """
+
+    def __call__(self, args: Mapping[str, Any], ctx: ToolContext, /) -> Any: ...
+
+
+F = TypeVar("F", bound=ToolFunction)
 
 # `_batch.execute_batch`, loaded with the first batch (not by `import toolreg`) and kept here: an
-# import statement in `execute_batch` cost 0.8 us a batch even once the module was loaded.
+# import statement in `execute_batch` would go through the import machinery on every batch, even
+# once the module is loaded.
 _run_batch: Callable[..., list[ToolResult[Any]]] | None = None
+
+
+def _name_of(fn: object) -> str:
+    name = getattr(fn, "__name__", None)  # a callable object or a partial has none
+    if not isinstance(name, str):
+        raise TypeError(f"registry.tool() needs name= for a {type(fn).__name__}, which has no name")
+    return name
 
 
 def _load_batch() -> Callable[..., list[ToolResult[Any]]]:
@@ -103,7 +137,10 @@ class ToolRegistry:
     `WorkerPool` or a `ThreadPoolExecutor` the caller owns instead (the registry never shuts it
     down; a `ThreadPoolExecutor` costs a `Future` per body, so it is slower); passing both is a
     `TypeError`. `overdue_after` (seconds, or None) is when a body still running after its
-    cancellation is reported, once, as a WARNING on the `toolreg` logger.
+    cancellation is reported, once, as a WARNING on the `toolreg` logger. A `max_workers` that
+    is not an int or an `overdue_after` that is not a number (a `bool` is neither) is a
+    `TypeError`; `max_workers < 1` or an `overdue_after` that is not finite and positive is a
+    `ValueError`.
 
     Thread-safe: tools and hooks may be added or removed while calls are in flight (a call uses
     the hooks present at its entry). `close()` (or leaving a `with` block) cancels every call in
@@ -226,7 +263,7 @@ class ToolRegistry:
 
             text = description if description is not None else inspect.getdoc(fn) or ""
             tool = Tool(
-                name or fn.__name__,
+                name or _name_of(fn),
                 fn,
                 description=text,
                 parameters=parameters,
@@ -275,7 +312,7 @@ class ToolRegistry:
         for listener in self._hooks.current.tools_changed:
             try:
                 listener()
-            except (KeyboardInterrupt, SystemExit):
+            except INTERRUPTS:
                 raise
             except BaseException:
                 _logger.exception("toolreg: on_tools_changed callback %r raised", listener)

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
 from . import _validate
+from ._interrupts import INTERRUPTS
 from ._record import record
 from ._schema_refs import outside_ref, ref_loop
 from ._text import safe_repr, safe_str, type_name
@@ -23,6 +24,11 @@ __all__ = ["FrozenDict", "Tool", "thaw"]
 MAX_DEPTH = 64  # deeper arguments are refused: no model needs them, and recursion must stay bounded
 
 ConcurrencySafe = bool | Callable[[Mapping[str, Any]], bool]
+
+# A body as this module can type it: `fn(args, ctx)`, called with both positionally. The public
+# `ToolFunction` (in `_registry`) types them: `ToolContext` is defined above this module (a
+# context holds the call's state, which holds its `Tool`), so this module cannot name it.
+Body = Callable[[Any, Any], Any]
 
 # What every client accepts (MCP's tool-name rule); stricter provider rules apply per catalog.
 NAME_RULE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -52,7 +58,7 @@ class Tool:
     """
 
     name: str
-    fn: Callable[..., Any]
+    fn: Body
     _: KW_ONLY
     description: str = ""
     parameters: Mapping[str, Any] | None = None
@@ -67,7 +73,7 @@ class Tool:
     def __init__(
         self,
         name: str,
-        fn: Callable[..., Any],
+        fn: Body,
         *,
         description: str = "",
         parameters: Mapping[str, Any] | None = None,
@@ -316,11 +322,6 @@ class InvalidArguments(ValueError):
         return f"arguments{''.join(self.where)}: {self.problem}"
 
 
-# What reading hostile arguments may raise through `freeze_arguments`; anything else it
-# raises (from a mapping's `items()`, a list subclass's `__iter__`, ...) is `InvalidArguments`.
-_INTERRUPTS = (KeyboardInterrupt, SystemExit)
-
-
 def freeze_arguments(arguments: object) -> FrozenDict:
     """A deep, read-only copy of JSON-compatible arguments, or `InvalidArguments` saying why.
 
@@ -342,7 +343,7 @@ def freeze_arguments(arguments: object) -> FrozenDict:
         if not isinstance(arguments, Mapping):
             raise InvalidArguments(_not_a_mapping(arguments))
         return _freeze_mapping(arguments, 0, set())
-    except (InvalidArguments, *_INTERRUPTS):
+    except (InvalidArguments, *INTERRUPTS):
         raise
     except BaseException as exc:
         raise _unreadable(arguments, exc) from None
@@ -416,7 +417,7 @@ def _freeze_mapping(value: Mapping[Any, Any], depth: int, active: set[int]) -> F
             except InvalidArguments as exc:
                 exc.where.insert(0, f"[{key!r}]")
                 raise
-    except (InvalidArguments, *_INTERRUPTS):
+    except (InvalidArguments, *INTERRUPTS):
         raise
     except BaseException as exc:
         raise _unreadable(value, exc) from None
@@ -446,7 +447,7 @@ def _freeze_sequence(
             except InvalidArguments as exc:
                 exc.where.insert(0, f"[{index}]")
                 raise
-    except (InvalidArguments, *_INTERRUPTS):
+    except (InvalidArguments, *INTERRUPTS):
         raise
     except BaseException as exc:
         raise _unreadable(value, exc) from None

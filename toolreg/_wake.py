@@ -5,9 +5,9 @@ and the waker writes to it. Both calls give up the GIL around the system call, a
 point: when the waker and the worker share a CPU, a woken thread usually preempts its waker at
 once. Woken by a lock release, it finds the GIL still held, blocks again and hands the CPU
 back, and the same happens on the way back: about six context switches per round trip. Woken
-by a write, it finds the GIL free, runs its item right away, and the round trip takes two
-(measured on a 2-vCPU VM, one thread each way, same CPU: 9.5 us with locks, 3.8 us with an
-eventfd; 8.3 and 7.8 us across two CPUs). Elsewhere a worker sleeps on a lock of its own.
+by a write, it finds the GIL free, runs its item right away, and the round trip takes two. (With
+the two threads on different CPUs nobody is preempted, and the two kinds cost about the same.)
+Elsewhere a worker sleeps on a lock of its own.
 
 The two kinds differ in when the pool may wake a worker: a lock is released under the pool's
 lock (the slot and the wake-up go together, and a timed-out sleep can take the release back);
@@ -21,9 +21,9 @@ GIL back, where a lock release would have let it finish first. A blocking caller
 case, waits for that worker anyway. A waker that knows it goes on asks for a write that keeps
 the GIL (`release_deferred(goes_on=True)`: libc's `eventfd_write` through `ctypes.PyDLL`): the
 worker wakes, waits for the GIL, and runs once the waker blocks. The asyncio facade does, when
-its loop has other callbacks ready (the rest of a `gather`): eight concurrent awaiters 0.99x ->
-0.88x `asyncio.to_thread` on one CPU, while a lone awaited call keeps the GIL-free write (the
-GIL-keeping write there made it 1.09x).
+its loop has other callbacks ready (the rest of a `gather`), so the loop hands over every call
+it has before the first worker takes the CPU. A lone awaited call keeps the GIL-free write: its
+loop has nothing else to do, and keeping the GIL would only make the worker wait for it.
 """
 
 from __future__ import annotations

@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from typing_extensions import Self
 
+from . import _validate
 from ._logwriter import LineWriter
 from ._results import ToolResult
 
@@ -136,6 +137,10 @@ class ResultLog:
       `background=False` (the calling thread writes each line) is `per_line=True`. Contradicting
       `per_line` raises `ValueError`.
 
+    A `max_bytes` or `backup_count` that is not an int, or a `linger` that is not a number (a
+    `bool` is neither), raises `TypeError`; a negative count, or a `linger` outside 0 to 1 s,
+    raises `ValueError`.
+
     Values that are not JSON (from `redact`, or a tool name that is not a string) are written
     through a fallback, never dropped: mappings as objects, other objects as their `repr`,
     non-finite floats as strings, integers too long for `int`'s string conversion, cycles and
@@ -176,8 +181,8 @@ class ResultLog:
         linger: float = DEFAULT_LINGER,
         background: bool | None = None,
     ) -> None:
-        _check_count(max_bytes, "max_bytes")
-        _check_count(backup_count, "backup_count")
+        _validate.count(max_bytes, "max_bytes", minimum=0)
+        _validate.count(backup_count, "backup_count", minimum=0)
         if max_bytes > 0 and backup_count < 1:
             raise ValueError(
                 "backup_count=0 with max_bytes > 0 would truncate the log at every rotation: "
@@ -186,7 +191,7 @@ class ResultLog:
         if redact is not None and not callable(redact):
             raise TypeError(f"redact must be callable, got {type(redact).__name__}")
         self.per_line = _writing_mode(per_line, background)
-        self.linger = _check_linger(linger)
+        self.linger = _validate.seconds(linger, "linger", allow_zero=True, maximum=MAX_LINGER)
         self.path = os.path.abspath(os.fspath(path))
         with open(self.path, "a", encoding="utf-8"):
             pass  # fail fast on a bad directory or a read-only file
@@ -342,21 +347,6 @@ def _writing_mode(per_line: bool | None, background: bool | None) -> bool:
             "grouped mode, background=False is per_line=True): pass only per_line"
         )
     return not background
-
-
-def _check_linger(linger: object) -> float:
-    if isinstance(linger, bool) or not isinstance(linger, (int, float)):
-        raise TypeError(f"linger must be a number of seconds, got {type(linger).__name__}")
-    if not 0 <= linger <= MAX_LINGER:  # NaN fails this too
-        raise ValueError(f"linger must be between 0 and {MAX_LINGER} seconds, got {linger!r}")
-    return float(linger)
-
-
-def _check_count(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
 
 
 # -- encoding --------------------------------------------------------------------------------------

@@ -380,11 +380,7 @@ def _check_command(args: _Command) -> _Command:
 def _check_limit(max_output: object) -> int | None:
     if max_output is None:
         return None
-    if isinstance(max_output, bool) or not isinstance(max_output, int):
-        raise TypeError(f"max_output must be an int (bytes), got {type(max_output).__name__}")
-    if max_output < 0:
-        raise ValueError(f"max_output must be zero or more bytes, got {max_output}")
-    return max_output
+    return _validate.count(max_output, "max_output", minimum=0, hint="bytes")
 
 
 def _encode_input(input: object, text: bool) -> bytes | None:

@@ -16,7 +16,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "toolreg.mcp needs the MCP SDK: pip install 'toolreg-quiescent[mcp]'"
     ) from exc
 
-from .. import ToolRegistry  # the public class, through the package (it loads with it)
+from .. import ToolRegistry, _validate  # the public class, through the package (it loads with it)
 from .._cancel import CancelToken
 from .._text import escape_surrogates
 from ._bridge import Bridge, Connection
@@ -38,7 +38,8 @@ def build_server(
     """An MCP low-level `Server` that serves `registry`'s tools; see `toolreg.mcp`.
 
     `version=None` advertises toolreg's own version. `token` cancels every call (each request
-    runs under a child of it). `max_concurrent_calls` bounds the calls in the registry at once;
+    runs under a child of it). `max_concurrent_calls` bounds the calls in the registry at once
+    (an int >= 1: `TypeError` for another type, a `bool` included, `ValueError` below 1);
     later requests wait for admission, and one cancelled while waiting runs nothing. The server
     never closes the registry. Run it on an asyncio event loop, with `server.run(read, write,
     options)` or `server.streamable_http_app()`; `serve(registry)` builds its own and runs it.
@@ -69,7 +70,8 @@ def serve(
     (127.0.0.1 by default) at `path`; SIGTERM or SIGINT cancels and joins the calls, then stops
     the server. Signals are handled only when `serve` runs on the main thread. Never closes the
     registry. Call it from synchronous code (it runs its own event loop); inside a loop use
-    `build_server`.
+    `build_server`. A `port` that is not an int is a `TypeError`, one outside 0..65535 a
+    `ValueError`, raised before anything runs.
 
     HTTP requests are checked against DNS rebinding, whatever the bind address: one whose
     `Origin` (a browser's page) is not a loopback origin or one of `allowed_origins` is refused
@@ -121,12 +123,7 @@ def _build(
         raise TypeError("instructions must be a str or None")
     if token is not None and not isinstance(token, CancelToken):
         raise TypeError(f"token must be a CancelToken or None, got {type(token).__name__}")
-    if (
-        isinstance(max_concurrent_calls, bool)
-        or not isinstance(max_concurrent_calls, int)
-        or max_concurrent_calls < 1
-    ):
-        raise ValueError(f"max_concurrent_calls must be an int >= 1, got {max_concurrent_calls!r}")
+    _validate.count(max_concurrent_calls, "max_concurrent_calls")
     bridge = Bridge(registry, token, max_concurrent_calls)
 
     @asynccontextmanager
@@ -157,8 +154,7 @@ def _own_version() -> str:
 def _check_http(host: object, port: object, path: object) -> None:
     if not isinstance(host, str) or not host:
         raise ValueError(f"host must be a non-empty str, got {host!r}")
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ValueError(f"port must be an int in 0..65535 (0: any free port), got {port!r}")
+    _validate.count(port, "port", minimum=0, maximum=65535, hint="0: any free port")
     if not isinstance(path, str) or not path.startswith("/"):
         raise ValueError(f"path must be a str starting with '/', got {path!r}")
 
