@@ -105,10 +105,10 @@ class TokenSpy:
 
 @pytest.fixture(autouse=True, params=["alone", "in the chain"])
 def timeout_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here runs twice. A `TimeoutPolicy` that is the only around wrapper (no gate,
-    no post hook) is run by the registry itself, its deadline the body's token with no chain
-    around the body (`HookSet.timeout_only`); among other wrappers it runs in the chain. Here
-    both ways run the same tests: "in the chain" turns the first way off."""
+    """Every test here runs twice. A `TimeoutPolicy` that is the only around wrapper is run by
+    the registry itself, its deadline the body's token with no chain around the body
+    (`HookSet.deadline`); among other wrappers it runs in the chain. Here both ways run the
+    same tests: "in the chain" turns the first way off."""
     if request.param == "in the chain":
         monkeypatch.setattr(TimeoutPolicy, "_runs_as_deadline", False)
     return str(request.param)
@@ -118,23 +118,30 @@ def test_a_timeout_policy_alone_is_run_by_the_registry_and_only_then(timeout_pat
     policy = TimeoutPolicy()
     alone = timeout_path == "alone"
 
-    def hooks(**kinds: Any) -> Any:
-        return HookSet(**kinds).timeout_only
+    def runs_as_deadline(**kinds: Any) -> bool:
+        deadline = HookSet(**kinds).deadline
+        if deadline is None:
+            return False
+        open_deadline, close_deadline = deadline
+        assert open_deadline == policy._open_deadline  # bound methods of this very policy
+        assert close_deadline == policy._close_deadline
+        return True
 
     class Mine(TimeoutPolicy):  # a subclass may change what it does: always the chain
         pass
 
     registered = functools.partial(policy)  # how the registry keeps a hook
-    assert hooks(around=(registered,)) is (policy if alone else None)
-    assert hooks(around=(registered,), observers=(print,)) is (policy if alone else None)
-    assert hooks(around=(policy,), call_hooks=(print,)) is (policy if alone else None)
-    assert hooks(around=(Mine(),)) is None
-    assert hooks(around=(policy, policy)) is None
-    assert hooks(around=(policy,), pre_execute=(print,)) is None
-    assert hooks(around=(policy,), guards=(print,)) is None
-    assert hooks(around=(policy,), post_execute=(print,)) is None
-    assert hooks(around=(RetryPolicy(),)) is None
-    assert hooks() is None
+    assert runs_as_deadline(around=(registered,)) is alone
+    assert runs_as_deadline(around=(registered,), observers=(print,)) is alone
+    assert runs_as_deadline(around=(policy,), call_hooks=(print,)) is alone
+    # The gate and the post hooks run around it as around the chain: it still runs as data.
+    assert runs_as_deadline(around=(policy,), pre_execute=(print,)) is alone
+    assert runs_as_deadline(around=(policy,), guards=(print,)) is alone
+    assert runs_as_deadline(around=(policy,), post_execute=(print,)) is alone
+    assert not runs_as_deadline(around=(Mine(),))
+    assert not runs_as_deadline(around=(policy, policy))
+    assert not runs_as_deadline(around=(RetryPolicy(),))
+    assert not runs_as_deadline()
 
 
 class Waits:

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 from ._call import CallMode, CallState
 from ._cancel import CancelSource, CancelToken
 from ._catalog import CatalogEntry
-from ._claim import Claim
+from ._claim import Claim, claim
 from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, SigintRequest, deferred_sigint
 from ._logger import logger
 from ._pipeline import check_entry
@@ -166,7 +166,7 @@ class _Runner(Claim):
         self.state: CallState | None = None
 
     def _run(self) -> None:
-        if not self._claimed():
+        if not claim(self):
             return  # the scheduler took it back after cancellation
         try:
             # The batch caller's context variables, as the asyncio facade and call hooks expect
@@ -231,9 +231,8 @@ class _Runner(Claim):
         own listener too is watched once: the watch is kept only by whoever sets it first.)
         """
         state = self.state
-        body = None if state is None else state.body
-        if body is not None:
-            body._watch_overdue()
+        if state is not None:
+            state.watch_body()
 
     def _drop(self) -> None:
         """The executor discarded this runner: it never starts, nor do the ones it would pass on."""
@@ -244,7 +243,7 @@ class _Runner(Claim):
 
     def take_back(self) -> bool:
         """For the scheduler, after cancellation: a runner no worker picked up never starts."""
-        if not self._claimed():
+        if not claim(self):
             return False
         self._done()
         return True

@@ -27,8 +27,8 @@ from typing import Any, NoReturn, Protocol
 
 from . import _interrupts
 from ._call import CallState
-from ._cancel import CancelSource, CancelToken, Registration, deadline
-from ._claim import Claim
+from ._cancel import CancelSource, CancelToken, Registration, cancelled_at, deadline, lazy_due_above
+from ._claim import Claim, claim
 from ._errors import ContextSettledError
 from ._interrupts import MAIN_THREAD_SLICE, slice_for, wait_until
 from ._logger import logger
@@ -36,7 +36,7 @@ from ._progress import check_progress
 from ._results import ToolCall, ToolResult, frozen_call, new_call_id
 from ._traces import notify_traces, run_inside
 
-__all__ = ["BodyHost", "NotStarted", "ToolContext", "run_body"]
+__all__ = ["BodyHost", "NotStarted", "ToolContext", "run_body", "settle_body"]
 
 
 _Lock = threading.Lock
@@ -56,10 +56,10 @@ class BodyHost(Protocol):
     overdue_after: float | None
 
     def run_nested(
-        self, call: ToolCall, token: CancelToken, parent: ToolContext
+        self, call: ToolCall, token: CancelToken, watcher: Callable[[CallState], object]
     ) -> ToolResult[Any]:
-        """Run a nested call inline, under `token`; `parent._watch_nested(state)` once it has
-        a state."""
+        """Run a nested call inline, under `token`; `watcher(state)` once it has a state (the
+        parent body's `_watch_nested`)."""
         ...
 
     def run_coroutine(
@@ -114,8 +114,8 @@ class ToolContext(Claim):
     _nested: CallState | None = None
     # The body's token is its call's own token: whatever cancels it also starts this body's
     # overdue watch, which then covers the nested call running under it (`_watch_nested`).
-    # Cleared by whoever gives the body another token (a wrapper's deadline alone may cancel
-    # that, and an inline body is not watched for it: contract 4.4).
+    # False for a body given another token (a wrapper's deadline alone may cancel that, and an
+    # inline body is not watched for it: contract 4.4).
     _covers_nested = True
     _settled_at: float | None = None
     # Held until the claimant has finished, released once; only a body that is handed to a worker
@@ -139,6 +139,8 @@ class ToolContext(Claim):
         # state (which refers to it), so a finished call is freed without the cyclic GC.
         self.call = state.call
         self.token = token
+        if token is not state.token:
+            self._covers_nested = False
         self._live = state.live  # the caller's token was live at entry: the recheck applies
         entry = state.entry
         self._fn = entry.tool.fn
@@ -167,7 +169,9 @@ class ToolContext(Claim):
         """Run a nested tool call inline, under this call's token; returns its `ToolResult`."""
         if self._closed:
             raise ContextSettledError("ctx.execute() after the tool body has returned")
-        return self._host.run_nested(as_call(call_or_name, arguments), self.token, self)
+        return self._host.run_nested(
+            as_call(call_or_name, arguments), self.token, self._watch_nested
+        )
 
     def report_progress(
         self, progress: float, total: float | None = None, message: str | None = None
@@ -201,7 +205,7 @@ class ToolContext(Claim):
 
     def _run(self) -> None:
         """Start the body here if nobody claimed it, and if its token allows; never raises."""
-        if not self._claimed():
+        if not claim(self):
             return  # a canceller owns it: it never starts, and the joiner was woken already
         try:
             if self._live and self.token.cancelled:
@@ -292,7 +296,7 @@ class ToolContext(Claim):
 
     def _claim_back(self) -> bool:
         """Claim the body for a canceller: True if it had not started (it never will)."""
-        if not self._claimed():
+        if not claim(self):
             return False
         with _CONTEXT_LOCK:
             self._closed = True
@@ -311,9 +315,8 @@ class ToolContext(Claim):
         if self._keep_watch(watch):
             watch.token.on_cancel(self._warn_overdue)
             nested = self._nested
-            body = None if nested is None else nested.body
-            if body is not None:
-                body._watch_overdue()  # the nested call under this body's token (`_watch_nested`)
+            if nested is not None:
+                nested.watch_body()  # the nested call under this body's token (`_watch_nested`)
 
     def _keep_watch(self, watch: CancelSource) -> bool:
         """Keep `watch` as the overdue watch, unless another thread set one first."""
@@ -333,14 +336,6 @@ class ToolContext(Claim):
                 f"{self.call.name!r} (call {self.call.call_id})",
                 self._host.overdue_after,
             )
-
-    def _finish(self) -> tuple[Any, ...]:
-        """After the join: stop the overdue watch; the deferred items."""
-        if self._overdue is not None:
-            self._overdue.close()
-        if self._contexts is None:
-            return ()
-        return tuple(self._contexts)
 
 
 Submit = Callable[[ToolContext], bool]  # hands the body to a worker; True if one took it at once
@@ -366,20 +361,20 @@ def run_body(
         # Inline (a nested, batch or awaited call's body, on the stage thread): nothing to join,
         # but a cancellation by the caller still starts the overdue watch (a batch starts it for
         # its calls itself: one listener per batch rather than one per call).
-        watch: Registration | None = None
         caller = state.caller
         if (
-            state.live
-            and caller is not _NEVER
-            and not state.caller_watched
-            and ctx._host.overdue_after is not None
+            state.caller_watched
+            or not state.live
+            or caller is _NEVER
+            or ctx._host.overdue_after is None
         ):
-            watch = caller.on_cancel(ctx._watch_overdue)
+            ctx._run()
+            return None
+        watch = caller.on_cancel(ctx._watch_overdue)
         try:
             ctx._run()
         finally:
-            if watch is not None:
-                watch.remove()
+            watch.remove()
         return None
     # Who wakes the joiner if the body is cancelled before it starts (`_listen`) is registered
     # only when it can matter: at once for a body left queued (a call cancelled while queued
@@ -408,7 +403,7 @@ def run_body(
         if deferred:
             first = LISTEN_AFTER  # shorter than a main-thread slice: a Ctrl-C waits no longer
         else:
-            due = None if own else token._lazy_due_above(state.token)
+            due = None if own else lazy_due_above(token, state.token)
             if listens:
                 listener = _listen(state, ctx, due)
             first = _first_wait(due)
@@ -423,7 +418,7 @@ def run_body(
                 _interrupt_join(ctx, interrupted, exc)
         if not ctx._settled:
             if deferred:
-                due = None if own else token._lazy_due_above(state.token)
+                due = None if own else lazy_due_above(token, state.token)
                 listener = _listen(state, ctx, due)
             # False: the body's token has (or gets) the listener, so no due time to wake at.
             wake_at = None if due is None or due is False else functools.partial(_due, due)
@@ -447,6 +442,33 @@ def run_body(
     return None
 
 
+def settle_body(
+    state: CallState, ctx: ToolContext
+) -> tuple[bool, BaseException | None, Any, bool, tuple[Any, ...]]:
+    """After the join, on the stage thread: the body's outcome, `(started, error, value,
+    live_on_return, contexts)`. Its overdue watch stops; its moments go to the call's timeline
+    (the first start, the last settle, and when the token it observed was cancelled)."""
+    overdue = ctx._overdue
+    if overdue is not None:
+        overdue.close()
+    items = ctx._contexts
+    contexts = () if items is None else tuple(items)
+    started = ctx._started
+    error = ctx._error
+    if started:
+        if state.dispatched_at is None:
+            state.dispatched_at = ctx._dispatched_at
+        state.settled_at = ctx._settled_at
+    token = ctx.token
+    if token is not state.token:
+        # A body that returned read its token then (`_live_on_return`): a cause that came
+        # after it returned is not one it observed, so the mark says all (no resolving).
+        at = cancelled_at(token, resolve=not started or error is not None)
+        if at is not None:
+            state.body_cancelled_at = at
+    return started, error, ctx._value, ctx._live_on_return, contexts
+
+
 def _first_wait(due: float | bool | None) -> float:
     """How long the joiner's first wait may block: a main-thread slice (a Ctrl-C is noticed
     within one) or no limit, and no later than a lazy due time on the body's token."""
@@ -466,7 +488,7 @@ def _interrupt_join(
 def _listen(state: CallState, ctx: ToolContext, due: float | bool | None) -> Registration | None:
     """Who wakes the joiner if the body is cancelled before it starts.
 
-    `due` is the body token's `_lazy_due_above(state.token)` (a token only ever goes from lazy
+    `due` is `lazy_due_above(ctx.token, state.token)` (a token only ever goes from lazy
     to eager, and what the lazy reading asks for serves both). The body's token is the call's
     own token, or a lazy deadline below it (TimeoutPolicy): then the caller's token gets the
     one listener (none for a never-cancelled caller: `close()`, Ctrl-C and the asyncio facade

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._cancel import _NEVER, CancelToken, _new_token, cancel_token, child_token
+from ._cancel import cancelled_at as _cancelled_at
 from ._logger import DEBUG
 from ._logger import logger as _logger
 from ._record import record
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from ._tools import Tool
 
 __all__ = ["BodyRun", "CallMode", "CallState", "Stage"]
+
+_CHAIN_LOCK = threading.Lock()  # guards every CallState's chain_open, foreign_proceeds, drained
 
 
 class Stage(str, enum.Enum):
@@ -110,9 +113,6 @@ class BodyRun(Protocol):
 
     token: CancelToken  # the token the body observes
     _started: bool  # the body started (read after the join, or with the claim's ordering)
-    _error: BaseException | None  # what the body raised (read after the join)
-    _dispatched_at: float | None  # when it started (monotonic; read after the join)
-    _settled_at: float | None  # when it returned or raised (monotonic; read after the join)
 
     def _cancelled(self) -> None:
         """The call was cancelled: a body not started never starts, a running one is watched."""
@@ -162,7 +162,9 @@ class CallState:
     proceeded: ToolResult[Any] | None = None
     #: The around chain: open while the outermost wrapper runs; `foreign_proceeds` counts
     #: `proceed()` calls running on other threads, and `drained` is set when the last one
-    #: leaves after the chain closed. Guarded by `_pipeline.PROCEEDS_LOCK`.
+    #: leaves after the chain closed. Guarded by `_CHAIN_LOCK`; read and written only through
+    #: the chain methods below (`open_chain` ... `join_foreign_proceeds`), except that the
+    #: stage thread reads `chain_open` without the lock (only it ever sets it).
     chain_open = False
     foreign_proceeds = 0
     drained: threading.Event | None = None
@@ -250,30 +252,58 @@ class CallState:
             self.interrupted = exc
         cancel_token(self.token, type(exc).__name__)
 
-    def mark_body(self, body: BodyRun) -> None:
-        """After a join: the body's moments, for the timeline."""
-        if body._started:
-            if self.dispatched_at is None:
-                self.dispatched_at = body._dispatched_at
-            self.settled_at = body._settled_at
-        token = body.token
-        if token is not self.token:
-            # A body that returned read its token then (`_live_on_return`): a cause that came
-            # after it returned is not one it observed, so the flag says all (no resolving).
-            returned = body._started and body._error is None
-            if token._cancelled if returned else token.cancelled:
-                self.body_cancelled_at = token._cancelled_at
-
     def first_cancelled_at(self) -> float | None:
         """When the call's token, or the token its body observed, was first cancelled."""
         body = self.body_cancelled_at
-        token = self.token
-        if not token._cancelled and token._pending is None and token._due is None:
-            return body  # live, and nothing it could resolve against
-        if not token.cancelled:
+        own = _cancelled_at(self.token)
+        if own is None:
             return body
-        own = token._cancelled_at
         return body if body is not None and body < own else own
+
+    def watch_body(self) -> None:
+        """The caller's token was cancelled: start the overdue watch of the body running now
+        (a no-op for a body that settled, or that is watched already)."""
+        body = self.body
+        if body is not None:
+            body._watch_overdue()
+
+    # -- the around chain (see `_pipeline._around`) ----------------------------------------------
+
+    def open_chain(self) -> None:
+        """The outermost wrapper is about to run: `proceed()` calls are accepted."""
+        self.chain_open = True
+
+    def close_chain(self) -> int:
+        """The chain returned: refuse new `proceed()` calls; how many still run elsewhere."""
+        with _CHAIN_LOCK:
+            self.chain_open = False
+            return self.foreign_proceeds
+
+    def enter_foreign_proceed(self) -> bool:
+        """A `proceed()` on another thread starts: False (refused) once the chain closed."""
+        with _CHAIN_LOCK:
+            if not self.chain_open:
+                return False
+            self.foreign_proceeds += 1
+            return True
+
+    def leave_foreign_proceed(self) -> None:
+        """A `proceed()` on another thread returned: wake the chain's end if it was the last."""
+        with _CHAIN_LOCK:
+            self.foreign_proceeds -= 1
+            drained = self.drained if self.foreign_proceeds == 0 else None
+        if drained is not None:
+            drained.set()
+
+    def foreign_proceeds_drained(self) -> threading.Event | None:
+        """After `close_chain`: an event set once the `proceed()` calls still running on other
+        threads have all returned, or None if none is left."""
+        drained = threading.Event()  # allocated outside the lock, and only when needed
+        with _CHAIN_LOCK:
+            if self.foreign_proceeds == 0:
+                return None
+            self.drained = drained
+        return drained
 
     def revoked(self) -> bool:
         """A token live at entry has been cancelled since (the rechecks)."""
@@ -281,8 +311,7 @@ class CallState:
 
     def cancelled_at(self) -> float | None:
         """When the call's token was cancelled (monotonic seconds), or None while live."""
-        token = self.token
-        return token._cancelled_at if token.cancelled else None
+        return _cancelled_at(self.token)
 
     def body_started(self) -> bool:
         """Whether a body of this call has started (it may still be running)."""

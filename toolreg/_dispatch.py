@@ -35,10 +35,10 @@ from collections.abc import Callable, Coroutine
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._body import Submit, ToolContext
+from ._body import Submit
 from ._call import CallMode, CallState, Stage
-from ._cancel import CancelToken
-from ._catalog import CatalogEntry
+from ._cancel import CancelToken, release_token
+from ._catalog import CatalogEntry, ToolTable
 from ._coro import CoroutineRunner
 from ._errors import ExecutorRefusedError, InsideCallError, RegistryClosedError
 from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, wait_until
@@ -63,12 +63,6 @@ class Cancellable(Protocol):
     def cancel(self, reason: object) -> None: ...
 
 
-class Catalogue(Protocol):
-    entries: dict[str, CatalogEntry]
-
-    def lookup(self, name: str) -> CatalogEntry | None: ...
-
-
 class Hooks(Protocol):
     @property
     def current(self) -> HookSet: ...
@@ -79,7 +73,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        tools: Catalogue,
+        tools: ToolTable,
         hooks: Hooks,
         executor: Executor,
         owns_executor: bool,
@@ -172,33 +166,18 @@ class Dispatcher:
                 watcher(state)
             result = execute_call(self, state, admitted)
         finally:
-            token = state.token
-            if token._links:  # made eager (someone listened): leave nothing on the caller's
-                token._close()
+            release_token(state.token)
             calls.pop(key, None)  # `untrack(key)`, inline
             if not calls and (self._idle_waiters or self._idle_callbacks):
                 self._notify_idle()
         return result, state.interrupted
 
-    def execute(
-        self,
-        call: ToolCall,
-        caller: CancelToken,
-        mode: CallMode,
-        progress: ProgressSink | None = None,
-    ) -> ToolResult[Any]:
-        """`run`, re-raising an interrupt once the call is complete (and observed)."""
-        result, interrupted = self.run(call, caller, mode, progress)
-        if interrupted is not None:
-            raise interrupted
-        return result
-
     def run_nested(
-        self, call: ToolCall, token: CancelToken, parent: ToolContext
+        self, call: ToolCall, token: CancelToken, watcher: Callable[[CallState], object]
     ) -> ToolResult[Any]:
-        """A nested call under `token`, run inline; `parent` (the body that makes it) is told
-        its state, so the parent's overdue watch can cover it (`ToolContext._watch_nested`)."""
-        result, interrupted = self.run(call, token, _NESTED, None, None, parent._watch_nested)
+        """A nested call under `token`, run inline; `watcher` (the parent body's) is told its
+        state, so the parent's overdue watch can cover it (`ToolContext._watch_nested`)."""
+        result, interrupted = self.run(call, token, _NESTED, None, None, watcher)
         if interrupted is not None:
             raise interrupted
         return result
