@@ -64,7 +64,6 @@ from toolreg import (
     deadline,
     timeout_of,
 )
-from toolreg._body import ToolContext as BodyRun
 from toolreg._body import run_body
 from toolreg._cancel import _TIMER
 from toolreg._hooks import HookSet
@@ -658,14 +657,15 @@ def test_deadline_firing_after_the_body_returned_is_not_a_timeout(
     live_at_return: list[bool] = []
     real_run_body = run_body  # what _pipeline imported from _body: replaced there below
 
-    def join_then_linger(state: Any, ctx: BodyRun, submit: Any, interrupted: Any) -> Any:
-        refused = real_run_body(state, ctx, submit, interrupted)
-        if ctx._started and ctx._error is None:
+    def join_then_linger(host: Any, state: Any, token: CancelToken) -> Any:
+        outcome = real_run_body(host, state, token)
+        _, started, error, *_ = outcome
+        if started and error is None:
             clock.advance(SHORT)  # the body has returned: now the deadline fires
-            if not ctx.token.wait(WAIT):
+            if not token.wait(WAIT):
                 raise _PreconditionFailed("the deadline never fired")
             held.set()
-        return refused
+        return outcome
 
     monkeypatch.setattr(toolreg._pipeline, "run_body", join_then_linger)
 

@@ -26,7 +26,7 @@ from threading import get_ident
 from typing import Any, NoReturn, Protocol
 
 from . import _interrupts
-from ._call import CallState
+from ._call import CallState, Stage
 from ._cancel import CancelSource, CancelToken, Registration, cancelled_at, deadline, lazy_due_above
 from ._claim import Claim, claim
 from ._errors import ContextSettledError
@@ -36,7 +36,7 @@ from ._progress import check_progress
 from ._results import ToolCall, ToolResult, frozen_call, new_call_id
 from ._traces import notify_traces, run_inside
 
-__all__ = ["BodyHost", "NotStarted", "ToolContext", "run_body", "settle_body"]
+__all__ = ["BodyHost", "NotStarted", "Outcome", "ToolContext", "run_body"]
 
 
 _Lock = threading.Lock
@@ -54,6 +54,11 @@ class BodyHost(Protocol):
     """What a body run needs from the dispatcher that runs it."""
 
     overdue_after: float | None
+
+    @property
+    def submit(self) -> Submit:
+        """How to hand a body to a worker."""
+        ...
 
     def run_nested(
         self, call: ToolCall, token: CancelToken, watcher: Callable[[CallState], object]
@@ -341,41 +346,83 @@ class ToolContext(Claim):
 Submit = Callable[[ToolContext], bool]  # hands the body to a worker; True if one took it at once
 
 # Seconds the joiner of a body an idle worker took waits before it registers who wakes it on
-# cancellation (`run_body`): a body that settles sooner costs no listener on the caller's token.
+# cancellation (`_join`): a body that settles sooner costs no listener on the caller's token.
 LISTEN_AFTER = 0.005
 
 
-def run_body(
+# What one body run came to, for the stage that makes its result: `(refused, started, error,
+# value, live_on_return, contexts)`. `refused`: why the executor refused the body (it never
+# started), else None; `live_on_return`: the body's token read live as the body returned.
+Outcome = tuple["str | None", bool, "BaseException | None", Any, bool, "tuple[Any, ...]"]
+
+_STAGE_BODY = Stage.BODY
+
+
+def run_body(host: BodyHost, state: CallState, token: CancelToken) -> Outcome:
+    """Start one body of the call under `token` and join it; its outcome.
+
+    The body runs inline on this thread (the stage thread of a nested, batch or awaited call, or
+    a remote body's runner, which joins it here) or is handed to a worker and joined
+    (`_join`). After the join, on the stage thread, its overdue watch stops and its moments go
+    to the call's timeline (the first start, the last settle, and when the token it observed
+    was cancelled).
+    """
+    joined = not state.inline and state.entry.runner is None
+    ctx = ToolContext(state, token, host, joined)
+    state.body = ctx
+    state.stage = _STAGE_BODY
+    if state.debug:
+        state.log_stage()
+    refused = None
+    if joined:
+        refused = _join(state, ctx, host.submit, state.interrupt)
+    elif (
+        state.caller_watched
+        or not state.live
+        or state.caller is _NEVER
+        or host.overdue_after is None
+    ):
+        ctx._run()
+    else:
+        # Inline, with nothing to join, but a cancellation by the caller still starts the
+        # overdue watch (a batch starts it for its calls itself: one listener per batch).
+        watch = state.caller.on_cancel(ctx._watch_overdue)
+        try:
+            ctx._run()
+        finally:
+            watch.remove()
+    overdue = ctx._overdue
+    if overdue is not None:
+        overdue.close()
+    items = ctx._contexts
+    contexts = () if items is None else tuple(items)
+    started = ctx._started
+    error = ctx._error
+    if started:
+        if state.dispatched_at is None:
+            state.dispatched_at = ctx._dispatched_at
+        state.settled_at = ctx._settled_at
+    if token is not state.token:
+        # A body that returned read its token then (`_live_on_return`): a cause that came
+        # after it returned is not one it observed, so the mark says all (no resolving).
+        at = cancelled_at(token, resolve=not started or error is not None)
+        if at is not None:
+            state.body_cancelled_at = at
+    return refused, started, error, ctx._value, ctx._live_on_return, contexts
+
+
+def _join(
     state: CallState,
     ctx: ToolContext,
-    submit: Submit | None,
+    submit: Submit,
     interrupted: Callable[[BaseException], None],
 ) -> str | None:
-    """Run the body of `ctx` inline (`submit` None) or on a worker, and join it.
+    """Hand the body of `ctx` to a worker and join it.
 
     Returns a problem message if the executor refused the body (it never started), else None.
     Anything that lands while handing over or joining is an interrupt: `interrupted(exc)`
     cancels the call, the body is claimed back if it has not started, and the join goes on.
     """
-    if submit is None:
-        # Inline (a nested, batch or awaited call's body, on the stage thread): nothing to join,
-        # but a cancellation by the caller still starts the overdue watch (a batch starts it for
-        # its calls itself: one listener per batch rather than one per call).
-        caller = state.caller
-        if (
-            state.caller_watched
-            or not state.live
-            or caller is _NEVER
-            or ctx._host.overdue_after is None
-        ):
-            ctx._run()
-            return None
-        watch = caller.on_cancel(ctx._watch_overdue)
-        try:
-            ctx._run()
-        finally:
-            watch.remove()
-        return None
     # Who wakes the joiner if the body is cancelled before it starts (`_listen`) is registered
     # only when it can matter: at once for a body left queued (a call cancelled while queued
     # returns at once), and for a body an idle worker took only if it has not settled within a
@@ -440,33 +487,6 @@ def run_body(
         if listener is not None:
             listener.remove()  # waits for a callback running right now
     return None
-
-
-def settle_body(
-    state: CallState, ctx: ToolContext
-) -> tuple[bool, BaseException | None, Any, bool, tuple[Any, ...]]:
-    """After the join, on the stage thread: the body's outcome, `(started, error, value,
-    live_on_return, contexts)`. Its overdue watch stops; its moments go to the call's timeline
-    (the first start, the last settle, and when the token it observed was cancelled)."""
-    overdue = ctx._overdue
-    if overdue is not None:
-        overdue.close()
-    items = ctx._contexts
-    contexts = () if items is None else tuple(items)
-    started = ctx._started
-    error = ctx._error
-    if started:
-        if state.dispatched_at is None:
-            state.dispatched_at = ctx._dispatched_at
-        state.settled_at = ctx._settled_at
-    token = ctx.token
-    if token is not state.token:
-        # A body that returned read its token then (`_live_on_return`): a cause that came
-        # after it returned is not one it observed, so the mark says all (no resolving).
-        at = cancelled_at(token, resolve=not started or error is not None)
-        if at is not None:
-            state.body_cancelled_at = at
-    return started, error, ctx._value, ctx._live_on_return, contexts
 
 
 def _first_wait(due: float | bool | None) -> float:

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from threading import get_ident
 from typing import Any, Protocol
 
-from ._body import BodyHost, Submit, ToolContext, run_body, settle_body
+from ._body import BodyHost, run_body
 from ._call import CallState, Stage
 from ._cancel import Cancelled, CancelSource, CancelToken, close_token, descends_from
 from ._catalog import CatalogEntry, ToolTable
@@ -78,7 +78,7 @@ _PRE_EXECUTE, _APPROVAL, _GUARDS, _AROUND = (
     Stage.GUARDS,
     Stage.AROUND,
 )
-_DISPATCH, _BODY, _AFTER_BODY = Stage.DISPATCH, Stage.BODY, Stage.AFTER_BODY
+_DISPATCH, _AFTER_BODY = Stage.DISPATCH, Stage.AFTER_BODY
 _POST_EXECUTE, _OBSERVERS = Stage.POST_EXECUTE, Stage.OBSERVERS
 _TOOL_ERROR = ErrorCode.TOOL_ERROR
 _NO_CONTEXTS: tuple[Any, ...] = ()
@@ -91,11 +91,6 @@ class PipelineHost(BodyHost, Protocol):
     def tools(self) -> ToolTable:
         """The tool table: `tools.entries` maps a name to its entry now (replaced whole on
         every change: read it once)."""
-        ...
-
-    @property
-    def submit(self) -> Submit:
-        """How to hand a body to a worker."""
         ...
 
 
@@ -506,20 +501,11 @@ def _body(
     state.stage = _DISPATCH
     if state.debug:
         state.log_stage()
-    # Inline (not joined): already on a thread dedicated to this call; a remote body's runner
-    # joins it here. Otherwise the body goes to a worker and is joined.
-    joined = not state.inline and state.entry.runner is None
-    ctx = ToolContext(state, token, host, joined)
-    state.body = ctx
-    state.stage = _BODY
-    if state.debug:
-        state.log_stage()
     try:
-        refused = run_body(state, ctx, host.submit if joined else None, state.interrupt)
+        refused, started, error, value, live, contexts = run_body(host, state, token)
     finally:
         if fused is not None:
             fused.close()
-    started, error, value, live, contexts = settle_body(state, ctx)
     if refused is not None:
         return _failure(state.call, _TOOL_ERROR, refused, contexts)
     if not started:
