@@ -659,7 +659,7 @@ def test_deadline_firing_after_the_body_returned_is_not_a_timeout(
 
     def join_then_linger(host: Any, state: Any, token: CancelToken) -> Any:
         outcome = real_run_body(host, state, token)
-        _, started, error, *_ = outcome
+        started, error, *_ = outcome
         if started and error is None:
             clock.advance(SHORT)  # the body has returned: now the deadline fires
             if not token.wait(WAIT):

@@ -29,7 +29,7 @@ from . import _interrupts
 from ._call import CallState, Stage
 from ._cancel import CancelSource, CancelToken, Registration, cancelled_at, deadline, lazy_due_above
 from ._claim import Claim, claim
-from ._errors import ContextSettledError
+from ._errors import ContextSettledError, ExecutorRefusedError
 from ._interrupts import MAIN_THREAD_SLICE, slice_for, wait_until
 from ._logger import logger
 from ._progress import check_progress
@@ -144,8 +144,6 @@ class ToolContext(Claim):
         # state (which refers to it), so a finished call is freed without the cyclic GC.
         self.call = state.call
         self.token = token
-        if token is not state.token:
-            self._covers_nested = False
         self._live = state.live  # the caller's token was live at entry: the recheck applies
         entry = state.entry
         self._fn = entry.tool.fn
@@ -350,10 +348,11 @@ Submit = Callable[[ToolContext], bool]  # hands the body to a worker; True if on
 LISTEN_AFTER = 0.005
 
 
-# What one body run came to, for the stage that makes its result: `(refused, started, error,
-# value, live_on_return, contexts)`. `refused`: why the executor refused the body (it never
-# started), else None; `live_on_return`: the body's token read live as the body returned.
-Outcome = tuple["str | None", bool, "BaseException | None", Any, bool, "tuple[Any, ...]"]
+# What one body run came to, for the stage that makes its result: `(started, error, value,
+# live_on_return, contexts)`. `error` of a body that never started: an `ExecutorRefusedError`
+# if the executor refused it, else None; `live_on_return`: the body's token read live as the
+# body returned.
+Outcome = tuple[bool, "BaseException | None", Any, bool, "tuple[Any, ...]"]
 
 _STAGE_BODY = Stage.BODY
 
@@ -369,10 +368,11 @@ def run_body(host: BodyHost, state: CallState, token: CancelToken) -> Outcome:
     """
     joined = not state.inline and state.entry.runner is None
     ctx = ToolContext(state, token, host, joined)
+    own = token is state.token
+    if not own:
+        ctx._covers_nested = False
     state.body = ctx
     state.stage = _STAGE_BODY
-    if state.debug:
-        state.log_stage()
     refused = None
     if joined:
         refused = _join(state, ctx, host.submit, state.interrupt)
@@ -402,13 +402,15 @@ def run_body(host: BodyHost, state: CallState, token: CancelToken) -> Outcome:
         if state.dispatched_at is None:
             state.dispatched_at = ctx._dispatched_at
         state.settled_at = ctx._settled_at
-    if token is not state.token:
+    if refused is not None:
+        error = ExecutorRefusedError(refused)
+    if not own:
         # A body that returned read its token then (`_live_on_return`): a cause that came
         # after it returned is not one it observed, so the mark says all (no resolving).
         at = cancelled_at(token, resolve=not started or error is not None)
         if at is not None:
             state.body_cancelled_at = at
-    return refused, started, error, ctx._value, ctx._live_on_return, contexts
+    return started, error, ctx._value, ctx._live_on_return, contexts
 
 
 def _join(

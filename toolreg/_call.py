@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ._cancel import _NEVER, CancelToken, _new_token, cancel_token, child_token
 from ._cancel import cancelled_at as _cancelled_at
-from ._logger import DEBUG
 from ._logger import logger as _logger
 from ._record import record
 
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
     from ._results import ToolCall, ToolResult
     from ._tools import Tool
 
-__all__ = ["BodyRun", "CallMode", "CallState", "Stage"]
+__all__ = ["BodyRun", "CallMode", "CallState", "DebugCallState", "Stage"]
 
 _CHAIN_LOCK = threading.Lock()  # guards every CallState's chain_open, foreign_proceeds, drained
 
@@ -137,7 +136,8 @@ class CallState:
     #: None until the entry checks passed (no stage runs before then).
     entry: CatalogEntry = None  # type: ignore[assignment]
     tool: Tool = None  # type: ignore[assignment]
-    #: The stage the call is in (read by `in_flight()` from any thread); `at()` moves it.
+    #: The stage the call is in (read by `in_flight()` from any thread); set by the stage
+    #: thread as the call enters each stage (and logged then, in a `DebugCallState`).
     stage: Stage = Stage.ENTRY
     #: A body of this call has started. Set by the stage thread after the join.
     dispatched = False
@@ -162,9 +162,9 @@ class CallState:
     proceeded: ToolResult[Any] | None = None
     #: The around chain: open while the outermost wrapper runs; `foreign_proceeds` counts
     #: `proceed()` calls running on other threads, and `drained` is set when the last one
-    #: leaves after the chain closed. Guarded by `_CHAIN_LOCK`; read and written only through
-    #: the chain methods below (`open_chain` ... `join_foreign_proceeds`), except that the
-    #: stage thread reads `chain_open` without the lock (only it ever sets it).
+    #: leaves after the chain closed. Guarded by `_CHAIN_LOCK`, through the chain methods
+    #: below, except that the stage thread opens the chain and reads `chain_open` without it
+    #: (it opens it before any `proceed()` exists, and only it closes it).
     chain_open = False
     foreign_proceeds = 0
     drained: threading.Event | None = None
@@ -212,25 +212,8 @@ class CallState:
         #: worker already running a body of this registry).
         self.thread = threading.get_ident() if thread is None else thread
         self.inline = inline
-        self.debug = _logger.isEnabledFor(DEBUG)  # one cheap check per call
         #: The caller's `progress=` sink (direct and awaited calls only).
         self.progress = progress
-
-    def at(self, stage: Stage) -> None:
-        """Enter a stage (shown by `in_flight()`; logged at DEBUG when enabled)."""
-        self.stage = stage
-        if self.debug:
-            self.log_stage()
-
-    def log_stage(self) -> None:
-        """The DEBUG line for the stage just entered (hot paths set `stage` themselves)."""
-        _logger.debug(
-            "toolreg: %s %s: %s (token %s)",
-            self.call.name,
-            self.call.call_id,
-            self.stage.value,
-            "cancelled" if self.token.cancelled else "live",
-        )
 
     def cancel(self, reason: object) -> None:
         """Cancel the call (never the caller): its token, and a body still waiting to start.
@@ -268,10 +251,6 @@ class CallState:
             body._watch_overdue()
 
     # -- the around chain (see `_pipeline._around`) ----------------------------------------------
-
-    def open_chain(self) -> None:
-        """The outermost wrapper is about to run: `proceed()` calls are accepted."""
-        self.chain_open = True
 
     def close_chain(self) -> int:
         """The chain returned: refuse new `proceed()` calls; how many still run elsewhere."""
@@ -320,3 +299,27 @@ class CallState:
 
     def __repr__(self) -> str:
         return f"<CallState {self.call.name!r} call_id={self.call.call_id!r} stage={self.stage}>"
+
+
+class DebugCallState(CallState):
+    """The state of a call entered while the `toolreg` logger is at DEBUG: each stage the call
+    enters is logged as it is set. Everything else is `CallState`'s, so the stages never check
+    whether to log."""
+
+    _stage: Stage = Stage.ENTRY
+
+    @property  # a logged field, read and written as the plain one
+    def stage(self) -> Stage:
+        return self._stage
+
+    @stage.setter
+    def stage(self, stage: Stage) -> None:
+        self._stage = stage
+        _logger.debug(
+            "toolreg: %s %s: %s (token %s)",
+            self.call.name,
+            self.call.call_id,
+            stage.value,
+            "cancelled" if self.token.cancelled else "live",
+        )
+

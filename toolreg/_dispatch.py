@@ -36,13 +36,13 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._body import Submit
-from ._call import CallMode, CallState, Stage
+from ._call import CallMode, CallState, DebugCallState, Stage
 from ._cancel import CancelToken, release_token
 from ._catalog import CatalogEntry, ToolTable
 from ._coro import CoroutineRunner
 from ._errors import ExecutorRefusedError, InsideCallError, RegistryClosedError
 from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, wait_until
-from ._logger import logger
+from ._logger import DEBUG, logger
 from ._pipeline import execute as execute_call
 from ._pipeline import never_started
 from ._progress import ProgressSink
@@ -146,7 +146,9 @@ class Dispatcher:
             or ident == self._coroutines.loop_ident
         )
         hooks = self._hooks.current
-        state = CallState(call, hooks, caller, mode, entered, inline, progress, wall, ident)
+        # Each stage logged at DEBUG: the state's own doing (`DebugCallState`), never a check.
+        new_state = DebugCallState if logger.isEnabledFor(DEBUG) else CallState
+        state = new_state(call, hooks, caller, mode, entered, inline, progress, wall, ident)
         if owns_call:
             state.owns_call = True
         # Admission, inline: this runs for every call.
@@ -199,7 +201,8 @@ class Dispatcher:
         never = CancelToken.never()
         mode = CallMode.batch_item()
         hooks = self._hooks.current
-        state = CallState(call, hooks, never, mode, time.monotonic(), True, None)
+        new_state = DebugCallState if logger.isEnabledFor(DEBUG) else CallState
+        state = new_state(call, hooks, never, mode, time.monotonic(), True, None)
         state.cancel(reason)
         if hooks.call_hooks:  # traced like any call: its entry, then its end
             _start_traces(state, hooks)

@@ -245,8 +245,10 @@ class HookSet:
     observers: tuple[ResultObserver, ...] = ()
     call_hooks: tuple[CallHook, ...] = ()
     tools_changed: tuple[Callable[[], object], ...] = ()  # registry-level, not per call
-    #: A pre-execute hook or a guard: the call passes the gate before its body. Derived, not
-    #: a field (as are the ones below).
+    #: No pre-execute hook, guard or around wrapper: nothing runs before the body. Derived,
+    #: not a field (as are the ones below).
+    bare = True
+    #: A pre-execute hook or a guard: the call passes the gate before its body.
     gated = False
     #: No post hook, and every around wrapper is one of the registry's own policies that keeps
     #: no reference to a result it hands on (`OwnPolicy._keeps_no_result`): a result the
@@ -287,6 +289,7 @@ class HookSet:
             observers=observers,
             call_hooks=call_hooks,
             tools_changed=tools_changed,
+            bare=not (pre_execute or guards or around),
             gated=bool(pre_execute or guards),
             results_unseen=not post_execute
             and all(own is not None and own._keeps_no_result for own in owns),
@@ -298,8 +301,9 @@ class HookSet:
     def replace(self, **changes: Any) -> HookSet:
         """A copy with `changes` (field name: value), like `dataclasses.replace`."""
         fields = {**self.__dict__, **changes}
-        for derived in ("gated", "results_unseen", "chain_runs", "chain_only", "deadline"):
-            del fields[derived]
+        derived = ("bare", "gated", "results_unseen", "chain_runs", "chain_only", "deadline")
+        for name in derived:
+            del fields[name]
         return HookSet(**fields)
 
 

@@ -190,24 +190,29 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     """
     hooks = state.hooks
     try:
-        live = False  # the call's token read live after the last stage (see `_finish`)
-        if hooks.gated:
-            result = _gate(state)
-        elif hooks.around and state.revoked():  # the recheck after an empty stage 2
-            result = _aborted(state)  # (a bare body makes it itself, before it starts)
+        if hooks.bare:  # nothing before the body: it makes the last recheck itself, as it starts
+            result = _body(host, state, state.token)
         else:
-            result = None
-        if result is None:
+            if hooks.gated:
+                stopped = _gate(state)
+            elif state.revoked():  # the recheck after an empty stage 2, before the wrappers
+                stopped = _aborted(state)
+            else:
+                stopped = None
             deadline = hooks.deadline
-            if deadline is not None:
+            if stopped is not None:
+                result = stopped
+            elif deadline is not None:
                 result = _body_under_deadline(host, state, deadline)
             elif hooks.around:
                 result = _around(host, state)
             else:
                 result = _body(host, state, state.token)
-            live = not state.token.cancelled
-            if result.ok and state.live and not live:
-                result = _aborted(state, tuple(result.contexts))
+        # The call's token read live after the last stage (see `_finish`). A result the gate
+        # made is never a success: only the body's is replaced here.
+        live = not state.token.cancelled
+        if result.ok and state.live and not live:
+            result = _aborted(state, tuple(result.contexts))
         # The very result the registry made for a broken hook skips the post hooks.
         if hooks.post_execute and result is not state.hook_error:
             result = _post_execute(state, result)
@@ -233,7 +238,7 @@ def _body_under_deadline(
     budget = open_deadline(state.tool, state.token)
     if budget is None:  # this tool has no timeout
         return _body(host, state, state.token)
-    state.at(_AROUND)
+    state.stage = _AROUND
     try:
         result = _body(host, state, budget)
     except BaseException:
@@ -318,7 +323,7 @@ def _gate(state: CallState) -> ToolResult[Any] | None:
 
 def _pre_execute(state: CallState) -> ToolResult[Any] | Ask | None:
     first_ask: Ask | None = None
-    state.at(_PRE_EXECUTE)
+    state.stage = _PRE_EXECUTE
     for hook in state.hooks.pre_execute:
         try:
             decision: object = hook(state.call, state.token)
@@ -339,7 +344,7 @@ def _approve(state: CallState, ask: Ask) -> ToolResult[Any] | None:
     approver = state.hooks.approver
     if approver is None:
         return _denied(state, ask.reason)
-    state.at(_APPROVAL)
+    state.stage = _APPROVAL
     try:
         approved = approver(state.call, ask.reason, state.token)
     except INTERRUPTS as exc:
@@ -357,7 +362,7 @@ def _approve(state: CallState, ask: Ask) -> ToolResult[Any] | None:
 
 
 def _guards(state: CallState) -> ToolResult[Any] | None:
-    state.at(_GUARDS)
+    state.stage = _GUARDS
     for guard in state.hooks.guards:
         try:
             verdict: object = guard(state.call)
@@ -381,11 +386,9 @@ def _denied(state: CallState, reason: object) -> ToolResult[Any]:
 def _around(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     dispatch = Dispatch(state.call, state.tool, state.caller, state.token)
     state.stage = _AROUND
-    if state.debug:
-        state.log_stage()
     if state.hooks.chain_only:  # no proceed() reaches user code: none runs elsewhere or late
         return _proceed_from(host, state, dispatch, 0)
-    state.open_chain()
+    state.chain_open = True  # no proceed() exists yet: no other thread reads it before this
     result = _proceed_from(host, state, dispatch, 0)
     # The chain returned: refuse new `proceed()` calls, join those still running elsewhere.
     if state.close_chain():
@@ -499,21 +502,17 @@ def _body(
     `token`, closed once the body settled, so nothing of this body stays linked to the
     caller's token."""
     state.stage = _DISPATCH
-    if state.debug:
-        state.log_stage()
     try:
-        refused, started, error, value, live, contexts = run_body(host, state, token)
+        started, error, value, live, contexts = run_body(host, state, token)
     finally:
         if fused is not None:
             fused.close()
-    if refused is not None:
-        return _failure(state.call, _TOOL_ERROR, refused, contexts)
     if not started:
-        return _aborted(state)
+        if error is None:
+            return _aborted(state)
+        return _failure(state.call, _TOOL_ERROR, str(error), contexts)  # refused by the executor
     state.dispatched = True
     state.stage = _AFTER_BODY
-    if state.debug:
-        state.log_stage()
     if error is None:
         return _success(state, value, live, contexts)
     if isinstance(error, Cancelled) and token.cancelled:
@@ -558,7 +557,7 @@ def _success(
 
 def _post_execute(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
     """The post-execute hooks in order; the caller then lets cancellation replace a success."""
-    state.at(_POST_EXECUTE)
+    state.stage = _POST_EXECUTE
     for hook in state.hooks.post_execute:
         try:
             replaced: object = hook(result, state.token)
@@ -583,7 +582,7 @@ def _notify(state: CallState, result: ToolResult[Any]) -> None:
     observers = state.hooks.observers
     if not observers:
         return
-    state.at(_OBSERVERS)
+    state.stage = _OBSERVERS
     for observer in observers:
         try:
             observer(result)
