@@ -36,7 +36,7 @@ from ._progress import check_progress
 from ._results import ToolCall, ToolResult, frozen_call, new_call_id
 from ._traces import notify_traces, run_inside
 
-__all__ = ["BodyHost", "NotStarted", "Outcome", "ToolContext", "run_body"]
+__all__ = ["BodyHost", "NotStarted", "Outcome", "ToolContext", "rechecked", "run_body"]
 
 
 _Lock = threading.Lock
@@ -489,6 +489,13 @@ def _join(
         if listener is not None:
             listener.remove()  # waits for a callback running right now
     return None
+
+
+def rechecked(ctx: ToolContext) -> bool:
+    """Whether the token of `ctx` is rechecked right before its body starts (the caller's
+    token was live at entry): a runner that finds it cancelled then refuses the start
+    (`NotStarted`); otherwise the call was pre-aborted and its body starts cancelled."""
+    return ctx._live
 
 
 def _first_wait(due: float | bool | None) -> float:

@@ -322,4 +322,3 @@ class DebugCallState(CallState):
             stage.value,
             "cancelled" if self.token.cancelled else "live",
         )
-

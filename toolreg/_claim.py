@@ -27,7 +27,6 @@ class Claim:
         self._claim = [True]
 
 
-
 def claim(work: Claim) -> bool:
     """True for the first party to claim `work` (it owns the start); False after."""
     try:
