@@ -318,9 +318,8 @@ class BatchRun:
         key = self.host.admit(self, self.host.inside(self.thread))
         try:
             # On the caller's token: a listener on the batch's own would make it eager (linked
-            # into the caller's and unlinked again). Measured 12-07: a batch of one call 29.6 ->
-            # 26 us; the lazy token's reads cost its calls 54 instructions each, a batch of 100
-            # 1.29-1.30x -> 1.30-1.31x a bare pool (within noise).
+            # into the caller's and unlinked again), which costs a small batch more than its
+            # calls' reads of a lazy token cost a large one.
             wake = self.caller.on_cancel(self._on_cancel)
             try:
                 try:
@@ -343,8 +342,7 @@ class BatchRun:
             self.host.untrack(key)
             # The runners refer to the batch: dropped, a finished batch (and the results and
             # calls it holds) is freed as soon as the caller lets go of it, not by a later
-            # cyclic collection. Measured 12-07: a batch of 100 in a cycle cost its next batch
-            # about 10% (memory not reused while warm), with the cyclic GC off as in a benchmark.
+            # cyclic collection: memory a cycle keeps is not reused while the next batch runs.
             self.runners = []
         if self.interrupted is not None:
             raise self.interrupted

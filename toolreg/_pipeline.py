@@ -190,16 +190,18 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     """
     hooks = state.hooks
     try:
-        if hooks.bare:  # nothing before the body: it makes the last recheck itself, as it starts
+        if hooks.bare:  # no gate, no wrapper: the body's own recheck (as it starts) is all
             result = _body(host, state, state.token)
         else:
+            deadline = hooks.deadline
             if hooks.gated:
                 stopped = _gate(state)
-            elif state.revoked():  # the recheck after an empty stage 2, before the wrappers
+            elif deadline is None and state.revoked():
+                # The recheck of an empty stage 2, before any wrapper runs (a deadline alone
+                # runs none: its body's own recheck is all).
                 stopped = _aborted(state)
             else:
                 stopped = None
-            deadline = hooks.deadline
             if stopped is not None:
                 result = stopped
             elif deadline is not None:
