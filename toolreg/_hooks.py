@@ -292,7 +292,7 @@ class HookSet:
             bare=not (pre_execute or guards or around),
             gated=bool(pre_execute or guards),
             results_unseen=not post_execute
-            and all(own is not None and own._keeps_no_result for own in owns),
+            and all(own is not None and _declares(own, "_keeps_no_result") for own in owns),
             chain_runs=chain_runs,
             chain_only=bool(around) and None not in chain_runs,
             deadline=_deadline(owns),
@@ -324,9 +324,14 @@ def own_policy(wrapper: object) -> OwnPolicy | None:
 
 
 def _deadline(owns: tuple[OwnPolicy | None, ...]) -> Deadline | None:
-    if len(owns) != 1 or owns[0] is None or not owns[0]._runs_as_deadline:
+    if len(owns) != 1 or owns[0] is None or not _declares(owns[0], "_runs_as_deadline"):
         return None
     return owns[0]._open_deadline, owns[0]._close_deadline
+
+
+def _declares(policy: OwnPolicy, marker: str) -> bool:
+    """Whether `policy` says True to `marker` (`_keeps_no_result`, `_runs_as_deadline`)."""
+    return getattr(policy, marker, False) is True
 
 
 class HookRegistration(Registration):
