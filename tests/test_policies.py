@@ -47,7 +47,7 @@ from _registry_helpers import (
     wait_until,
 )
 
-import toolreg._pipeline
+import toolreg._body
 from toolreg import (
     Cancelled,
     CancelSource,
@@ -64,7 +64,6 @@ from toolreg import (
     deadline,
     timeout_of,
 )
-from toolreg._body import run_body
 from toolreg._cancel import _TIMER
 from toolreg._hooks import HookSet
 from toolreg._interrupts import MAIN_THREAD_SLICE, MAX_WAIT, slice_for
@@ -655,19 +654,18 @@ def test_deadline_firing_after_the_body_returned_is_not_a_timeout(
     """
     held = threading.Event()
     live_at_return: list[bool] = []
-    real_run_body = run_body  # what _pipeline imported from _body: replaced there below
+    real_join = toolreg._body._join  # the hand-over and join of a body: replaced below
 
-    def join_then_linger(host: Any, state: Any, token: CancelToken) -> Any:
-        outcome = real_run_body(host, state, token)
-        started, error, *_ = outcome
-        if started and error is None:
+    def join_then_linger(state: Any, ctx: ToolContext, submit: Any, interrupted: Any) -> Any:
+        refused = real_join(state, ctx, submit, interrupted)
+        if ctx._started and ctx._error is None:
             clock.advance(SHORT)  # the body has returned: now the deadline fires
-            if not token.wait(WAIT):
+            if not ctx.token.wait(WAIT):
                 raise _PreconditionFailed("the deadline never fired")
             held.set()
-        return outcome
+        return refused
 
-    monkeypatch.setattr(toolreg._pipeline, "run_body", join_then_linger)
+    monkeypatch.setattr(toolreg._body, "_join", join_then_linger)
 
     def body(args: Any, ctx: ToolContext) -> str:
         live_at_return.append(not ctx.token.cancelled)

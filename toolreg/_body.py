@@ -27,16 +27,26 @@ from typing import Any, NoReturn, Protocol
 
 from . import _interrupts
 from ._call import CallState, Stage
-from ._cancel import CancelSource, CancelToken, Registration, cancelled_at, deadline, lazy_due_above
+from ._cancel import (
+    Cancelled,
+    CancelSource,
+    CancelToken,
+    Registration,
+    cancelled_at,
+    deadline,
+    lazy_due_above,
+)
 from ._claim import Claim, claim
-from ._errors import ContextSettledError, ExecutorRefusedError
+from ._errors import ContextSettledError
 from ._interrupts import MAIN_THREAD_SLICE, slice_for, wait_until
 from ._logger import logger
+from ._outcomes import aborted, failure, success
 from ._progress import check_progress
-from ._results import ToolCall, ToolResult, frozen_call, new_call_id
+from ._results import ErrorCode, ToolCall, ToolResult, frozen_call, new_call_id
+from ._text import describe
 from ._traces import notify_traces, run_inside
 
-__all__ = ["BodyHost", "NotStarted", "Outcome", "ToolContext", "rechecked", "run_body"]
+__all__ = ["BodyHost", "NotStarted", "ToolContext", "rechecked", "run_body"]
 
 
 _Lock = threading.Lock
@@ -348,31 +358,30 @@ Submit = Callable[[ToolContext], bool]  # hands the body to a worker; True if on
 LISTEN_AFTER = 0.005
 
 
-# What one body run came to, for the stage that makes its result: `(started, error, value,
-# live_on_return, contexts)`. `error` of a body that never started: an `ExecutorRefusedError`
-# if the executor refused it, else None; `live_on_return`: the body's token read live as the
-# body returned.
-Outcome = tuple[bool, "BaseException | None", Any, bool, "tuple[Any, ...]"]
-
-_STAGE_BODY = Stage.BODY
+# Read once: reading an enum member is a descriptor call every time.
+_DISPATCH, _BODY, _AFTER_BODY = Stage.DISPATCH, Stage.BODY, Stage.AFTER_BODY
+_TOOL_ERROR = ErrorCode.TOOL_ERROR
 
 
-def run_body(host: BodyHost, state: CallState, token: CancelToken) -> Outcome:
-    """Start one body of the call under `token` and join it; its outcome.
+def run_body(host: BodyHost, state: CallState, token: CancelToken) -> ToolResult[Any]:
+    """The body stage: start one body of the call under `token`, join it, and make its result.
 
     The body runs inline on this thread (the stage thread of a nested, batch or awaited call, or
     a remote body's runner, which joins it here) or is handed to a worker and joined
     (`_join`). After the join, on the stage thread, its overdue watch stops and its moments go
     to the call's timeline (the first start, the last settle, and when the token it observed
-    was cancelled).
+    was cancelled). The result: the body's success (`_outcomes.success`), `TOOL_ERROR` for what
+    it raised or for an executor that refused it, or the call's cancellation if it never
+    started or raised `Cancelled` once its token was cancelled.
     """
+    state.stage = _DISPATCH
     joined = not state.inline and state.entry.runner is None
     ctx = ToolContext(state, token, host, joined)
     own = token is state.token
     if not own:
         ctx._covers_nested = False
     state.body = ctx
-    state.stage = _STAGE_BODY
+    state.stage = _BODY
     refused = None
     if joined:
         refused = _join(state, ctx, host.submit, state.interrupt)
@@ -402,15 +411,23 @@ def run_body(host: BodyHost, state: CallState, token: CancelToken) -> Outcome:
         if state.dispatched_at is None:
             state.dispatched_at = ctx._dispatched_at
         state.settled_at = ctx._settled_at
-    if refused is not None:
-        error = ExecutorRefusedError(refused)
     if not own:
         # A body that returned read its token then (`_live_on_return`): a cause that came
         # after it returned is not one it observed, so the mark says all (no resolving).
         at = cancelled_at(token, resolve=not started or error is not None)
         if at is not None:
             state.body_cancelled_at = at
-    return started, error, ctx._value, ctx._live_on_return, contexts
+    if not started:
+        if refused is None:
+            return aborted(state)
+        return failure(state.call, _TOOL_ERROR, refused, contexts)
+    state.dispatched = True
+    state.stage = _AFTER_BODY
+    if error is None:
+        return success(state, ctx._value, ctx._live_on_return, contexts)
+    if isinstance(error, Cancelled) and token.cancelled:
+        return aborted(state, contexts)
+    return failure(state.call, _TOOL_ERROR, describe(error), contexts, error)
 
 
 def _join(

@@ -50,17 +50,16 @@ from ._catalog import CatalogEntry, ToolTable
 from ._hooks import Allow, Ask, Deadline, Deny, Dispatch
 from ._interrupts import INTERRUPTS, wait_until
 from ._logger import logger
+from ._outcomes import aborted, failure
 from ._results import (
     CallTimeline,
     ErrorCode,
     ToolCall,
     ToolError,
     ToolResult,
-    failure_content,
     finish_result,
     frozen_call,
     make_result,
-    render_content,
 )
 from ._text import describe, safe_repr, safe_str
 from ._tools import FrozenDict, InvalidArguments, freeze_arguments
@@ -69,18 +68,15 @@ from ._traces import end_traces
 __all__ = ["PipelineHost", "check_entry", "describe", "execute", "never_started"]
 
 
-_ABORTED = ErrorCode.ABORTED
 _BEFORE = ErrorCode.ABORTED_BEFORE_DISPATCH
-# Enum members read once: reading `Stage.BODY` is a descriptor call every time.
+# Enum members read once: reading `Stage.GUARDS` is a descriptor call every time.
 _PRE_EXECUTE, _APPROVAL, _GUARDS, _AROUND = (
     Stage.PRE_EXECUTE,
     Stage.APPROVAL,
     Stage.GUARDS,
     Stage.AROUND,
 )
-_DISPATCH, _AFTER_BODY = Stage.DISPATCH, Stage.AFTER_BODY
 _POST_EXECUTE, _OBSERVERS = Stage.POST_EXECUTE, Stage.OBSERVERS
-_TOOL_ERROR = ErrorCode.TOOL_ERROR
 _NO_CONTEXTS: tuple[Any, ...] = ()
 
 
@@ -114,7 +110,7 @@ def execute(
         failed = _entry_checks(host, state)
     if failed is None and not state.live and not state.mode.start_if_cancelled:
         # Model-driven dispatch never reopens a cancelled turn: no hook runs, observers see it.
-        failed = _failure(state.call, _BEFORE, "tool call aborted before dispatch")
+        failed = failure(state.call, _BEFORE, "tool call aborted before dispatch")
     if failed is not None:
         return _finish(state, failed)
     return run_stages(host, state)
@@ -133,7 +129,7 @@ def _entry_checks(host: PipelineHost, state: CallState) -> ToolResult[Any] | Non
     if entry is None or problem is not None:
         unknown = frozen is not None and entry is None
         code = ErrorCode.UNKNOWN_TOOL if unknown else ErrorCode.INVALID_ARGS
-        return _failure(state.call, code, str(problem))
+        return failure(state.call, code, str(problem))
     state.entry = entry  # admitted
     state.tool = entry.tool
     return None
@@ -176,7 +172,7 @@ def never_started(state: CallState) -> ToolResult[Any]:
     except InvalidArguments:
         arguments = None
     state.call = frozen_call(call.name, arguments, call.call_id)
-    return _finish(state, _failure(state.call, _BEFORE, "tool call aborted before dispatch"))
+    return _finish(state, failure(state.call, _BEFORE, "tool call aborted before dispatch"))
 
 
 # -- the stages ----------------------------------------------------------------------------------
@@ -191,7 +187,7 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     hooks = state.hooks
     try:
         if hooks.bare:  # no gate, no wrapper: the body's own recheck (as it starts) is all
-            result = _body(host, state, state.token)
+            result = run_body(host, state, state.token)
         else:
             deadline = hooks.deadline
             if hooks.gated:
@@ -199,7 +195,7 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
             elif deadline is None and state.revoked():
                 # The recheck of an empty stage 2, before any wrapper runs (a deadline alone
                 # runs none: its body's own recheck is all).
-                stopped = _aborted(state)
+                stopped = aborted(state)
             else:
                 stopped = None
             if stopped is not None:
@@ -209,12 +205,12 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
             elif hooks.around:
                 result = _around(host, state)
             else:
-                result = _body(host, state, state.token)
+                result = run_body(host, state, state.token)
         # The call's token read live after the last stage (see `_finish`). A result the gate
         # made is never a success: only the body's is replaced here.
         live = not state.token.cancelled
         if result.ok and state.live and not live:
-            result = _aborted(state, tuple(result.contexts))
+            result = aborted(state, tuple(result.contexts))
         # The very result the registry made for a broken hook skips the post hooks.
         if hooks.post_execute and result is not state.hook_error:
             result = _post_execute(state, result)
@@ -222,10 +218,10 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
             # the same read serves the timeline, as nothing runs between it and finalizing.
             live = not state.token.cancelled
             if result.ok and state.live and not live:
-                result = _aborted(state, tuple(result.contexts))
+                result = aborted(state, tuple(result.contexts))
     except BaseException as exc:  # landed between guarded spots: cancel, finish, re-raise later
         state.interrupt(exc)
-        result = _aborted(state)
+        result = aborted(state)
         live = False
     return _finish(state, result, live)
 
@@ -239,10 +235,10 @@ def _body_under_deadline(
     open_deadline, close_deadline = deadline
     budget = open_deadline(state.tool, state.token)
     if budget is None:  # this tool has no timeout
-        return _body(host, state, state.token)
+        return run_body(host, state, state.token)
     state.stage = _AROUND
     try:
-        result = _body(host, state, budget)
+        result = run_body(host, state, budget)
     except BaseException:
         close_token(budget)
         raise
@@ -311,13 +307,13 @@ def _gate(state: CallState) -> ToolResult[Any] | None:
     # so is `hook_error` when no hook broke: compare only a result.
     broken = ask is not None and ask is state.hook_error
     if not broken and state.revoked():
-        return _aborted(state)
+        return aborted(state)
     if isinstance(ask, ToolResult):
         return ask
     if ask is not None:
         denial = _approve(state, ask)
         if state.revoked():
-            return _aborted(state)
+            return aborted(state)
         if denial is not None:
             return denial
     return _guards(state)
@@ -351,10 +347,10 @@ def _approve(state: CallState, ask: Ask) -> ToolResult[Any] | None:
         approved = approver(state.call, ask.reason, state.token)
     except INTERRUPTS as exc:
         state.interrupt(exc)
-        return _aborted(state)
+        return aborted(state)
     except Cancelled as exc:
         if state.token.cancelled:
-            return _aborted(state)
+            return aborted(state)
         logger.warning("toolreg: the approver raised; denying %s", state.call.call_id, exc_info=exc)
         approved = False
     except BaseException as exc:  # an approver that raises refuses (or was cancelled)
@@ -379,7 +375,7 @@ def _guards(state: CallState) -> ToolResult[Any] | None:
 
 
 def _denied(state: CallState, reason: object) -> ToolResult[Any]:
-    return _failure(state.call, ErrorCode.DENIED, safe_str(reason))
+    return failure(state.call, ErrorCode.DENIED, safe_str(reason))
 
 
 # -- around wrappers ---------------------------------------------------------------------------
@@ -488,70 +484,16 @@ def _chain_body(host: PipelineHost, state: CallState, wrapper_token: object) -> 
     wrappers left in `dispatch.token` (no fusing when that token descends from the call's)."""
     token = state.token
     if wrapper_token is token:
-        return _body(host, state, token)
+        return run_body(host, state, token)
     if not isinstance(wrapper_token, CancelToken):
         return _hook_failure(state, "around wrapper", "left a non-token in dispatch.token")
     if descends_from(wrapper_token, token):  # a deadline below the call's token, say
-        return _body(host, state, wrapper_token)
+        return run_body(host, state, wrapper_token)
     fused = CancelSource(token, wrapper_token)
-    return _body(host, state, fused.token, fused)
-
-
-def _body(
-    host: PipelineHost, state: CallState, token: CancelToken, fused: CancelSource | None = None
-) -> ToolResult[Any]:
-    """Start the body under `token`, join it, and make its result. `fused`: the source of
-    `token`, closed once the body settled, so nothing of this body stays linked to the
-    caller's token."""
-    state.stage = _DISPATCH
     try:
-        started, error, value, live, contexts = run_body(host, state, token)
+        return run_body(host, state, fused.token)
     finally:
-        if fused is not None:
-            fused.close()
-    if not started:
-        if error is None:
-            return _aborted(state)
-        return _failure(state.call, _TOOL_ERROR, str(error), contexts)  # refused by the executor
-    state.dispatched = True
-    state.stage = _AFTER_BODY
-    if error is None:
-        return _success(state, value, live, contexts)
-    if isinstance(error, Cancelled) and token.cancelled:
-        return _aborted(state, contexts)
-    return _failure(state.call, _TOOL_ERROR, describe(error), contexts, error)
-
-
-def _success(
-    state: CallState, value: Any, live: bool, contexts: tuple[Any, ...]
-) -> ToolResult[Any]:
-    # `live`: the body's token as the body's thread saw it on return. A caller that cancelled
-    # after that is still caught by the recheck after the wrappers.
-    if state.live and not live:
-        return _aborted(state, contexts)
-    call = state.call
-    validator = state.entry.output_validator
-    if validator is not None:
-        try:
-            validator(value)
-        except Exception as exc:
-            problem = str(getattr(exc, "message", None) or describe(exc))
-            message = f"the value does not match the output schema: {problem}"
-            return _failure(call, _TOOL_ERROR, message, contexts)
-    render = state.tool.render
-    try:
-        # A str without a render function is its own content (render_content's first case).
-        content = value if render is None and type(value) is str else render_content(value, render)
-    except INTERRUPTS as exc:
-        state.interrupt(exc)
-        return _aborted(state, contexts)
-    except BaseException as exc:
-        message = f"cannot render a {type(value).__name__} result: {describe(exc)}"
-        return _failure(call, _TOOL_ERROR, message, contexts, exc)
-    result = make_result(call, True, content, value, None, contexts)
-    if state.hooks.results_unseen:
-        state.own_result = result  # no user code will see it before it is final
-    return result
+        fused.close()  # nothing of this body stays linked to the caller's token
 
 
 # -- after the wrappers --------------------------------------------------------------------------
@@ -566,7 +508,7 @@ def _post_execute(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
         except BaseException as exc:
             if not _is_cancellation(state, exc, state.token):
                 return _hook_failure(state, "post-execute hook", f"raised {describe(exc)}", exc)
-            return result if not result.ok else _aborted(state, tuple(result.contexts))
+            return result if not result.ok else aborted(state, tuple(result.contexts))
         if replaced is None:
             continue
         problem = _malformed(replaced)
@@ -597,29 +539,12 @@ def _notify(state: CallState, result: ToolResult[Any]) -> None:
 # -- results -------------------------------------------------------------------------------------
 
 
-def _aborted(state: CallState, contexts: tuple[Any, ...] = _NO_CONTEXTS) -> ToolResult[Any]:
-    if state.dispatched:
-        return _failure(state.call, _ABORTED, "tool call aborted", contexts)
-    return _failure(state.call, _BEFORE, "tool call aborted before dispatch", contexts)
-
-
-def _failure(
-    call: ToolCall,
-    code: ErrorCode,
-    message: str,
-    contexts: tuple[Any, ...] = _NO_CONTEXTS,
-    exception: BaseException | None = None,
-) -> ToolResult[Any]:
-    error = ToolError(code, message, exception)
-    return make_result(call, False, failure_content(code, message), None, error, contexts)
-
-
 def _hook_failure(
     state: CallState, what: str, problem: str, exc: BaseException | None = None
 ) -> ToolResult[Any]:
     if exc is not None:
         logger.error("toolreg: %s failed for %s", what, state.call.call_id, exc_info=exc)
-    result = _failure(state.call, ErrorCode.HOOK_ERROR, f"{what} {problem}", _NO_CONTEXTS, exc)
+    result = failure(state.call, ErrorCode.HOOK_ERROR, f"{what} {problem}", _NO_CONTEXTS, exc)
     state.hook_error = result
     return result
 
@@ -627,7 +552,7 @@ def _hook_failure(
 def _raised(state: CallState, what: str, exc: BaseException, token: CancelToken) -> ToolResult[Any]:
     """The result of a hook or wrapper that raised `exc`."""
     if _is_cancellation(state, exc, token):
-        return _aborted(state)
+        return aborted(state)
     return _hook_failure(state, what, f"raised {describe(exc)}", exc)
 
 
