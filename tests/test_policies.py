@@ -47,7 +47,7 @@ from _registry_helpers import (
     wait_until,
 )
 
-import toolreg._pipeline
+import toolreg._body
 from toolreg import (
     Cancelled,
     CancelSource,
@@ -64,8 +64,6 @@ from toolreg import (
     deadline,
     timeout_of,
 )
-from toolreg._body import ToolContext as BodyRun
-from toolreg._body import run_body
 from toolreg._cancel import _TIMER
 from toolreg._hooks import HookSet
 from toolreg._interrupts import MAIN_THREAD_SLICE, MAX_WAIT, slice_for
@@ -105,10 +103,10 @@ class TokenSpy:
 
 @pytest.fixture(autouse=True, params=["alone", "in the chain"])
 def timeout_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here runs twice. A `TimeoutPolicy` that is the only around wrapper (no gate,
-    no post hook) is run by the registry itself, its deadline the body's token with no chain
-    around the body (`HookSet.timeout_only`); among other wrappers it runs in the chain. Here
-    both ways run the same tests: "in the chain" turns the first way off."""
+    """Every test here runs twice. A `TimeoutPolicy` that is the only around wrapper is run by
+    the registry itself, its deadline the body's token with no chain around the body
+    (`HookSet.deadline`); among other wrappers it runs in the chain. Here both ways run the
+    same tests: "in the chain" turns the first way off."""
     if request.param == "in the chain":
         monkeypatch.setattr(TimeoutPolicy, "_runs_as_deadline", False)
     return str(request.param)
@@ -118,23 +116,30 @@ def test_a_timeout_policy_alone_is_run_by_the_registry_and_only_then(timeout_pat
     policy = TimeoutPolicy()
     alone = timeout_path == "alone"
 
-    def hooks(**kinds: Any) -> Any:
-        return HookSet(**kinds).timeout_only
+    def runs_as_deadline(**kinds: Any) -> bool:
+        deadline = HookSet(**kinds).deadline
+        if deadline is None:
+            return False
+        open_deadline, close_deadline = deadline
+        assert open_deadline == policy._open_deadline  # bound methods of this very policy
+        assert close_deadline == policy._close_deadline
+        return True
 
     class Mine(TimeoutPolicy):  # a subclass may change what it does: always the chain
         pass
 
     registered = functools.partial(policy)  # how the registry keeps a hook
-    assert hooks(around=(registered,)) is (policy if alone else None)
-    assert hooks(around=(registered,), observers=(print,)) is (policy if alone else None)
-    assert hooks(around=(policy,), call_hooks=(print,)) is (policy if alone else None)
-    assert hooks(around=(Mine(),)) is None
-    assert hooks(around=(policy, policy)) is None
-    assert hooks(around=(policy,), pre_execute=(print,)) is None
-    assert hooks(around=(policy,), guards=(print,)) is None
-    assert hooks(around=(policy,), post_execute=(print,)) is None
-    assert hooks(around=(RetryPolicy(),)) is None
-    assert hooks() is None
+    assert runs_as_deadline(around=(registered,)) is alone
+    assert runs_as_deadline(around=(registered,), observers=(print,)) is alone
+    assert runs_as_deadline(around=(policy,), call_hooks=(print,)) is alone
+    # The gate and the post hooks run around it as around the chain: it still runs as data.
+    assert runs_as_deadline(around=(policy,), pre_execute=(print,)) is alone
+    assert runs_as_deadline(around=(policy,), guards=(print,)) is alone
+    assert runs_as_deadline(around=(policy,), post_execute=(print,)) is alone
+    assert not runs_as_deadline(around=(Mine(),))
+    assert not runs_as_deadline(around=(policy, policy))
+    assert not runs_as_deadline(around=(RetryPolicy(),))
+    assert not runs_as_deadline()
 
 
 class Waits:
@@ -649,10 +654,10 @@ def test_deadline_firing_after_the_body_returned_is_not_a_timeout(
     """
     held = threading.Event()
     live_at_return: list[bool] = []
-    real_run_body = run_body  # what _pipeline imported from _body: replaced there below
+    real_join = toolreg._body._join  # the hand-over and join of a body: replaced below
 
-    def join_then_linger(state: Any, ctx: BodyRun, submit: Any, interrupted: Any) -> Any:
-        refused = real_run_body(state, ctx, submit, interrupted)
+    def join_then_linger(state: Any, ctx: ToolContext, submit: Any, interrupted: Any) -> Any:
+        refused = real_join(state, ctx, submit, interrupted)
         if ctx._started and ctx._error is None:
             clock.advance(SHORT)  # the body has returned: now the deadline fires
             if not ctx.token.wait(WAIT):
@@ -660,7 +665,7 @@ def test_deadline_firing_after_the_body_returned_is_not_a_timeout(
             held.set()
         return refused
 
-    monkeypatch.setattr(toolreg._pipeline, "run_body", join_then_linger)
+    monkeypatch.setattr(toolreg._body, "_join", join_then_linger)
 
     def body(args: Any, ctx: ToolContext) -> str:
         live_at_return.append(not ctx.token.cancelled)

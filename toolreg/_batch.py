@@ -48,7 +48,7 @@ from . import _validate
 from ._call import CallMode, CallState
 from ._cancel import CancelSource, CancelToken
 from ._catalog import CatalogEntry
-from ._claim import Claim
+from ._claim import Claim, claim
 from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, SigintRequest, deferred_sigint
 from ._logger import logger
 from ._pipeline import check_entry
@@ -164,7 +164,7 @@ class _Runner(Claim):
         self.state: CallState | None = None
 
     def _run(self) -> None:
-        if not self._claimed():
+        if not claim(self):
             return  # the scheduler took it back after cancellation
         try:
             # The batch caller's context variables, as the asyncio facade and call hooks expect
@@ -229,9 +229,8 @@ class _Runner(Claim):
         own listener too is watched once: the watch is kept only by whoever sets it first.)
         """
         state = self.state
-        body = None if state is None else state.body
-        if body is not None:
-            body._watch_overdue()
+        if state is not None:
+            state.watch_body()
 
     def _drop(self) -> None:
         """The executor discarded this runner: it never starts, nor do the ones it would pass on."""
@@ -242,7 +241,7 @@ class _Runner(Claim):
 
     def take_back(self) -> bool:
         """For the scheduler, after cancellation: a runner no worker picked up never starts."""
-        if not self._claimed():
+        if not claim(self):
             return False
         self._done()
         return True
@@ -317,9 +316,8 @@ class BatchRun:
         key = self.host.admit(self, self.host.inside(self.thread))
         try:
             # On the caller's token: a listener on the batch's own would make it eager (linked
-            # into the caller's and unlinked again). Measured 12-07: a batch of one call 29.6 ->
-            # 26 us; the lazy token's reads cost its calls 54 instructions each, a batch of 100
-            # 1.29-1.30x -> 1.30-1.31x a bare pool (within noise).
+            # into the caller's and unlinked again), which costs a small batch more than its
+            # calls' reads of a lazy token cost a large one.
             wake = self.caller.on_cancel(self._on_cancel)
             try:
                 try:
@@ -342,8 +340,7 @@ class BatchRun:
             self.host.untrack(key)
             # The runners refer to the batch: dropped, a finished batch (and the results and
             # calls it holds) is freed as soon as the caller lets go of it, not by a later
-            # cyclic collection. Measured 12-07: a batch of 100 in a cycle cost its next batch
-            # about 10% (memory not reused while warm), with the cyclic GC off as in a benchmark.
+            # cyclic collection: memory a cycle keeps is not reused while the next batch runs.
             self.runners = []
         if self.interrupted is not None:
             raise self.interrupted

@@ -26,17 +26,27 @@ from threading import get_ident
 from typing import Any, NoReturn, Protocol
 
 from . import _interrupts
-from ._call import CallState
-from ._cancel import CancelSource, CancelToken, Registration, deadline
-from ._claim import Claim
+from ._call import CallState, Stage
+from ._cancel import (
+    Cancelled,
+    CancelSource,
+    CancelToken,
+    Registration,
+    cancelled_at,
+    deadline,
+    lazy_due_above,
+)
+from ._claim import Claim, claim
 from ._errors import ContextSettledError
 from ._interrupts import MAIN_THREAD_SLICE, slice_for, wait_until
 from ._logger import logger
+from ._outcomes import aborted, failure, success
 from ._progress import check_progress
-from ._results import ToolCall, ToolResult, frozen_call, new_call_id
+from ._results import ErrorCode, ToolCall, ToolResult, frozen_call, new_call_id
+from ._text import describe
 from ._traces import notify_traces, run_inside
 
-__all__ = ["BodyHost", "NotStarted", "ToolContext", "run_body"]
+__all__ = ["BodyHost", "NotStarted", "ToolContext", "rechecked", "run_body"]
 
 
 _Lock = threading.Lock
@@ -55,11 +65,16 @@ class BodyHost(Protocol):
 
     overdue_after: float | None
 
+    @property
+    def submit(self) -> Submit:
+        """How to hand a body to a worker."""
+        ...
+
     def run_nested(
-        self, call: ToolCall, token: CancelToken, parent: ToolContext
+        self, call: ToolCall, token: CancelToken, watcher: Callable[[CallState], object]
     ) -> ToolResult[Any]:
-        """Run a nested call inline, under `token`; `parent._watch_nested(state)` once it has
-        a state."""
+        """Run a nested call inline, under `token`; `watcher(state)` once it has a state (the
+        parent body's `_watch_nested`)."""
         ...
 
     def run_coroutine(
@@ -114,8 +129,8 @@ class ToolContext(Claim):
     _nested: CallState | None = None
     # The body's token is its call's own token: whatever cancels it also starts this body's
     # overdue watch, which then covers the nested call running under it (`_watch_nested`).
-    # Cleared by whoever gives the body another token (a wrapper's deadline alone may cancel
-    # that, and an inline body is not watched for it: contract 4.4).
+    # False for a body given another token (a wrapper's deadline alone may cancel that, and an
+    # inline body is not watched for it: contract 4.4).
     _covers_nested = True
     _settled_at: float | None = None
     # Held until the claimant has finished, released once; only a body that is handed to a worker
@@ -167,7 +182,9 @@ class ToolContext(Claim):
         """Run a nested tool call inline, under this call's token; returns its `ToolResult`."""
         if self._closed:
             raise ContextSettledError("ctx.execute() after the tool body has returned")
-        return self._host.run_nested(as_call(call_or_name, arguments), self.token, self)
+        return self._host.run_nested(
+            as_call(call_or_name, arguments), self.token, self._watch_nested
+        )
 
     def report_progress(
         self, progress: float, total: float | None = None, message: str | None = None
@@ -201,7 +218,7 @@ class ToolContext(Claim):
 
     def _run(self) -> None:
         """Start the body here if nobody claimed it, and if its token allows; never raises."""
-        if not self._claimed():
+        if not claim(self):
             return  # a canceller owns it: it never starts, and the joiner was woken already
         try:
             if self._live and self.token.cancelled:
@@ -292,7 +309,7 @@ class ToolContext(Claim):
 
     def _claim_back(self) -> bool:
         """Claim the body for a canceller: True if it had not started (it never will)."""
-        if not self._claimed():
+        if not claim(self):
             return False
         with _CONTEXT_LOCK:
             self._closed = True
@@ -311,9 +328,8 @@ class ToolContext(Claim):
         if self._keep_watch(watch):
             watch.token.on_cancel(self._warn_overdue)
             nested = self._nested
-            body = None if nested is None else nested.body
-            if body is not None:
-                body._watch_overdue()  # the nested call under this body's token (`_watch_nested`)
+            if nested is not None:
+                nested.watch_body()  # the nested call under this body's token (`_watch_nested`)
 
     def _keep_watch(self, watch: CancelSource) -> bool:
         """Keep `watch` as the overdue watch, unless another thread set one first."""
@@ -334,53 +350,98 @@ class ToolContext(Claim):
                 self._host.overdue_after,
             )
 
-    def _finish(self) -> tuple[Any, ...]:
-        """After the join: stop the overdue watch; the deferred items."""
-        if self._overdue is not None:
-            self._overdue.close()
-        if self._contexts is None:
-            return ()
-        return tuple(self._contexts)
-
 
 Submit = Callable[[ToolContext], bool]  # hands the body to a worker; True if one took it at once
 
 # Seconds the joiner of a body an idle worker took waits before it registers who wakes it on
-# cancellation (`run_body`): a body that settles sooner costs no listener on the caller's token.
+# cancellation (`_join`): a body that settles sooner costs no listener on the caller's token.
 LISTEN_AFTER = 0.005
 
 
-def run_body(
+# Read once: reading an enum member is a descriptor call every time.
+_DISPATCH, _BODY, _AFTER_BODY = Stage.DISPATCH, Stage.BODY, Stage.AFTER_BODY
+_TOOL_ERROR = ErrorCode.TOOL_ERROR
+
+
+def run_body(host: BodyHost, state: CallState, token: CancelToken) -> ToolResult[Any]:
+    """The body stage: start one body of the call under `token`, join it, and make its result.
+
+    The body runs inline on this thread (the stage thread of a nested, batch or awaited call, or
+    a remote body's runner, which joins it here) or is handed to a worker and joined
+    (`_join`). After the join, on the stage thread, its overdue watch stops and its moments go
+    to the call's timeline (the first start, the last settle, and when the token it observed
+    was cancelled). The result: the body's success (`_outcomes.success`), `TOOL_ERROR` for what
+    it raised or for an executor that refused it, or the call's cancellation if it never
+    started or raised `Cancelled` once its token was cancelled.
+    """
+    state.stage = _DISPATCH
+    joined = not state.inline and state.entry.runner is None
+    ctx = ToolContext(state, token, host, joined)
+    own = token is state.token
+    if not own:
+        ctx._covers_nested = False
+    state.body = ctx
+    state.stage = _BODY
+    refused = None
+    if joined:
+        refused = _join(state, ctx, host.submit, state.interrupt)
+    elif (
+        state.caller_watched
+        or not state.live
+        or state.caller is _NEVER
+        or host.overdue_after is None
+    ):
+        ctx._run()
+    else:
+        # Inline, with nothing to join, but a cancellation by the caller still starts the
+        # overdue watch (a batch starts it for its calls itself: one listener per batch).
+        watch = state.caller.on_cancel(ctx._watch_overdue)
+        try:
+            ctx._run()
+        finally:
+            watch.remove()
+    overdue = ctx._overdue
+    if overdue is not None:
+        overdue.close()
+    items = ctx._contexts
+    contexts = () if items is None else tuple(items)
+    started = ctx._started
+    error = ctx._error
+    if started:
+        if state.dispatched_at is None:
+            state.dispatched_at = ctx._dispatched_at
+        state.settled_at = ctx._settled_at
+    if not own:
+        # A body that returned read its token then (`_live_on_return`): a cause that came
+        # after it returned is not one it observed, so the mark says all (no resolving).
+        at = cancelled_at(token, resolve=not started or error is not None)
+        if at is not None:
+            state.body_cancelled_at = at
+    if not started:
+        if refused is None:
+            return aborted(state)
+        return failure(state.call, _TOOL_ERROR, refused, contexts)
+    state.dispatched = True
+    state.stage = _AFTER_BODY
+    if error is None:
+        return success(state, ctx._value, ctx._live_on_return, contexts)
+    if isinstance(error, Cancelled) and token.cancelled:
+        return aborted(state, contexts)
+    return failure(state.call, _TOOL_ERROR, describe(error), contexts, error)
+
+
+def _join(
     state: CallState,
     ctx: ToolContext,
-    submit: Submit | None,
+    submit: Submit,
     interrupted: Callable[[BaseException], None],
 ) -> str | None:
-    """Run the body of `ctx` inline (`submit` None) or on a worker, and join it.
+    """Hand the body of `ctx` to a worker and join it.
 
     Returns a problem message if the executor refused the body (it never started), else None.
     Anything that lands while handing over or joining is an interrupt: `interrupted(exc)`
     cancels the call, the body is claimed back if it has not started, and the join goes on.
     """
-    if submit is None:
-        # Inline (a nested, batch or awaited call's body, on the stage thread): nothing to join,
-        # but a cancellation by the caller still starts the overdue watch (a batch starts it for
-        # its calls itself: one listener per batch rather than one per call).
-        watch: Registration | None = None
-        caller = state.caller
-        if (
-            state.live
-            and caller is not _NEVER
-            and not state.caller_watched
-            and ctx._host.overdue_after is not None
-        ):
-            watch = caller.on_cancel(ctx._watch_overdue)
-        try:
-            ctx._run()
-        finally:
-            if watch is not None:
-                watch.remove()
-        return None
     # Who wakes the joiner if the body is cancelled before it starts (`_listen`) is registered
     # only when it can matter: at once for a body left queued (a call cancelled while queued
     # returns at once), and for a body an idle worker took only if it has not settled within a
@@ -408,7 +469,7 @@ def run_body(
         if deferred:
             first = LISTEN_AFTER  # shorter than a main-thread slice: a Ctrl-C waits no longer
         else:
-            due = None if own else token._lazy_due_above(state.token)
+            due = None if own else lazy_due_above(token, state.token)
             if listens:
                 listener = _listen(state, ctx, due)
             first = _first_wait(due)
@@ -423,7 +484,7 @@ def run_body(
                 _interrupt_join(ctx, interrupted, exc)
         if not ctx._settled:
             if deferred:
-                due = None if own else token._lazy_due_above(state.token)
+                due = None if own else lazy_due_above(token, state.token)
                 listener = _listen(state, ctx, due)
             # False: the body's token has (or gets) the listener, so no due time to wake at.
             wake_at = None if due is None or due is False else functools.partial(_due, due)
@@ -447,6 +508,13 @@ def run_body(
     return None
 
 
+def rechecked(ctx: ToolContext) -> bool:
+    """Whether the token of `ctx` is rechecked right before its body starts (the caller's
+    token was live at entry): a runner that finds it cancelled then refuses the start
+    (`NotStarted`); otherwise the call was pre-aborted and its body starts cancelled."""
+    return ctx._live
+
+
 def _first_wait(due: float | bool | None) -> float:
     """How long the joiner's first wait may block: a main-thread slice (a Ctrl-C is noticed
     within one) or no limit, and no later than a lazy due time on the body's token."""
@@ -466,7 +534,7 @@ def _interrupt_join(
 def _listen(state: CallState, ctx: ToolContext, due: float | bool | None) -> Registration | None:
     """Who wakes the joiner if the body is cancelled before it starts.
 
-    `due` is the body token's `_lazy_due_above(state.token)` (a token only ever goes from lazy
+    `due` is `lazy_due_above(ctx.token, state.token)` (a token only ever goes from lazy
     to eager, and what the lazy reading asks for serves both). The body's token is the call's
     own token, or a lazy deadline below it (TimeoutPolicy): then the caller's token gets the
     one listener (none for a never-cancelled caller: `close()`, Ctrl-C and the asyncio facade

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._cancel import _NEVER, CancelToken, _new_token, cancel_token, child_token
-from ._logger import DEBUG
+from ._cancel import cancelled_at as _cancelled_at
 from ._logger import logger as _logger
 from ._record import record
 
@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from ._results import ToolCall, ToolResult
     from ._tools import Tool
 
-__all__ = ["BodyRun", "CallMode", "CallState", "Stage"]
+__all__ = ["BodyRun", "CallMode", "CallState", "DebugCallState", "Stage"]
+
+_CHAIN_LOCK = threading.Lock()  # guards every CallState's chain_open, foreign_proceeds, drained
 
 
 class Stage(str, enum.Enum):
@@ -110,9 +112,6 @@ class BodyRun(Protocol):
 
     token: CancelToken  # the token the body observes
     _started: bool  # the body started (read after the join, or with the claim's ordering)
-    _error: BaseException | None  # what the body raised (read after the join)
-    _dispatched_at: float | None  # when it started (monotonic; read after the join)
-    _settled_at: float | None  # when it returned or raised (monotonic; read after the join)
 
     def _cancelled(self) -> None:
         """The call was cancelled: a body not started never starts, a running one is watched."""
@@ -137,7 +136,8 @@ class CallState:
     #: None until the entry checks passed (no stage runs before then).
     entry: CatalogEntry = None  # type: ignore[assignment]
     tool: Tool = None  # type: ignore[assignment]
-    #: The stage the call is in (read by `in_flight()` from any thread); `at()` moves it.
+    #: The stage the call is in (read by `in_flight()` from any thread); set by the stage
+    #: thread as the call enters each stage (and logged then, in a `DebugCallState`).
     stage: Stage = Stage.ENTRY
     #: A body of this call has started. Set by the stage thread after the join.
     dispatched = False
@@ -162,7 +162,9 @@ class CallState:
     proceeded: ToolResult[Any] | None = None
     #: The around chain: open while the outermost wrapper runs; `foreign_proceeds` counts
     #: `proceed()` calls running on other threads, and `drained` is set when the last one
-    #: leaves after the chain closed. Guarded by `_pipeline.PROCEEDS_LOCK`.
+    #: leaves after the chain closed. Guarded by `_CHAIN_LOCK`, through the chain methods
+    #: below, except that the stage thread opens the chain and reads `chain_open` without it
+    #: (it opens it before any `proceed()` exists, and only it closes it).
     chain_open = False
     foreign_proceeds = 0
     drained: threading.Event | None = None
@@ -210,25 +212,8 @@ class CallState:
         #: worker already running a body of this registry).
         self.thread = threading.get_ident() if thread is None else thread
         self.inline = inline
-        self.debug = _logger.isEnabledFor(DEBUG)  # one cheap check per call
         #: The caller's `progress=` sink (direct and awaited calls only).
         self.progress = progress
-
-    def at(self, stage: Stage) -> None:
-        """Enter a stage (shown by `in_flight()`; logged at DEBUG when enabled)."""
-        self.stage = stage
-        if self.debug:
-            self.log_stage()
-
-    def log_stage(self) -> None:
-        """The DEBUG line for the stage just entered (hot paths set `stage` themselves)."""
-        _logger.debug(
-            "toolreg: %s %s: %s (token %s)",
-            self.call.name,
-            self.call.call_id,
-            self.stage.value,
-            "cancelled" if self.token.cancelled else "live",
-        )
 
     def cancel(self, reason: object) -> None:
         """Cancel the call (never the caller): its token, and a body still waiting to start.
@@ -250,30 +235,54 @@ class CallState:
             self.interrupted = exc
         cancel_token(self.token, type(exc).__name__)
 
-    def mark_body(self, body: BodyRun) -> None:
-        """After a join: the body's moments, for the timeline."""
-        if body._started:
-            if self.dispatched_at is None:
-                self.dispatched_at = body._dispatched_at
-            self.settled_at = body._settled_at
-        token = body.token
-        if token is not self.token:
-            # A body that returned read its token then (`_live_on_return`): a cause that came
-            # after it returned is not one it observed, so the flag says all (no resolving).
-            returned = body._started and body._error is None
-            if token._cancelled if returned else token.cancelled:
-                self.body_cancelled_at = token._cancelled_at
-
     def first_cancelled_at(self) -> float | None:
         """When the call's token, or the token its body observed, was first cancelled."""
         body = self.body_cancelled_at
-        token = self.token
-        if not token._cancelled and token._pending is None and token._due is None:
-            return body  # live, and nothing it could resolve against
-        if not token.cancelled:
+        own = _cancelled_at(self.token)
+        if own is None:
             return body
-        own = token._cancelled_at
         return body if body is not None and body < own else own
+
+    def watch_body(self) -> None:
+        """The caller's token was cancelled: start the overdue watch of the body running now
+        (a no-op for a body that settled, or that is watched already)."""
+        body = self.body
+        if body is not None:
+            body._watch_overdue()
+
+    # -- the around chain (see `_pipeline._around`) ----------------------------------------------
+
+    def close_chain(self) -> int:
+        """The chain returned: refuse new `proceed()` calls; how many still run elsewhere."""
+        with _CHAIN_LOCK:
+            self.chain_open = False
+            return self.foreign_proceeds
+
+    def enter_foreign_proceed(self) -> bool:
+        """A `proceed()` on another thread starts: False (refused) once the chain closed."""
+        with _CHAIN_LOCK:
+            if not self.chain_open:
+                return False
+            self.foreign_proceeds += 1
+            return True
+
+    def leave_foreign_proceed(self) -> None:
+        """A `proceed()` on another thread returned: wake the chain's end if it was the last."""
+        with _CHAIN_LOCK:
+            self.foreign_proceeds -= 1
+            drained = self.drained if self.foreign_proceeds == 0 else None
+        if drained is not None:
+            drained.set()
+
+    def foreign_proceeds_drained(self) -> threading.Event | None:
+        """After `close_chain`: an event set once the `proceed()` calls still running on other
+        threads have all returned, or None if none is left."""
+        drained = threading.Event()  # allocated outside the lock, and only when needed
+        with _CHAIN_LOCK:
+            if self.foreign_proceeds == 0:
+                return None
+            self.drained = drained
+        return drained
 
     def revoked(self) -> bool:
         """A token live at entry has been cancelled since (the rechecks)."""
@@ -281,8 +290,7 @@ class CallState:
 
     def cancelled_at(self) -> float | None:
         """When the call's token was cancelled (monotonic seconds), or None while live."""
-        token = self.token
-        return token._cancelled_at if token.cancelled else None
+        return _cancelled_at(self.token)
 
     def body_started(self) -> bool:
         """Whether a body of this call has started (it may still be running)."""
@@ -291,3 +299,26 @@ class CallState:
 
     def __repr__(self) -> str:
         return f"<CallState {self.call.name!r} call_id={self.call.call_id!r} stage={self.stage}>"
+
+
+class DebugCallState(CallState):
+    """The state of a call entered while the `toolreg` logger is at DEBUG: each stage the call
+    enters is logged as it is set. Everything else is `CallState`'s, so the stages never check
+    whether to log."""
+
+    _stage: Stage = Stage.ENTRY
+
+    @property  # a logged field, read and written as the plain one
+    def stage(self) -> Stage:
+        return self._stage
+
+    @stage.setter
+    def stage(self, stage: Stage) -> None:
+        self._stage = stage
+        _logger.debug(
+            "toolreg: %s %s: %s (token %s)",
+            self.call.name,
+            self.call.call_id,
+            stage.value,
+            "cancelled" if self.token.cancelled else "live",
+        )

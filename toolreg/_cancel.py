@@ -401,50 +401,6 @@ class CancelToken:
 
     # -- internal -----------------------------------------------------------------------------
 
-    def _descends_from(self, ancestor: CancelToken) -> bool:
-        """Whether `ancestor`'s cancellation reaches this token (a bounded upward walk)."""
-        pending = self._pending
-        if pending is not None and pending[0] is ancestor:
-            return True  # a lazy child of it (a deadline under the call's token): the usual case
-        seen = 0
-        frontier: list[CancelToken] = [self]
-        while frontier and seen < _DESCENT_LIMIT:
-            node = frontier.pop()
-            if node is ancestor:
-                return True
-            seen += 1
-            pending = node._pending
-            if pending is not None:
-                frontier.extend(pending)
-            links = node._links
-            if links:
-                frontier.extend(parent for parent, _ in links)
-        return False
-
-    def _lazy_due_above(self, ancestor: CancelToken) -> float | bool | None:
-        """The earliest lazy due time on the path up to `ancestor`, if the path is all lazy.
-
-        The path must be single-parent lazy links ending at `ancestor`: then None (no due time
-        on it) or the earliest due time. Anything else (an eager token on the way, a fused
-        one, another root): False. Always False under `manual_clock()`: its due times are not
-        monotonic times a joiner could wait for, so it listens and the manual timer pushes.
-        """
-        if _now is not time.monotonic:
-            return False
-        node: CancelToken = self
-        due: float | None = None
-        for _ in range(_DESCENT_LIMIT):
-            if node is ancestor:
-                return due
-            pending = node._pending
-            if pending is None or len(pending) != 1 or node._linking:
-                return False
-            node_due = node._due
-            if node_due is not None and (due is None or node_due < due):
-                due = node_due
-            node = pending[0]
-        return False
-
     def _attach(self, ref: weakref.ref[CancelToken]) -> bool:
         """Hold a child weakly; False (nothing held) if this token is already cancelled."""
         if self.cancelled:
@@ -943,6 +899,75 @@ def close_token(token: CancelToken) -> None:
 def timed_out(token: CancelToken) -> bool:
     """`CancelSource.timed_out` for a token made without a source (`deadline_token`)."""
     return token.cancelled and token._timed_out
+
+
+# -- what the engine reads of a token (its internal interface) ------------------------------------
+
+
+def descends_from(token: CancelToken, ancestor: CancelToken) -> bool:
+    """Whether `ancestor`'s cancellation reaches `token` (a bounded upward walk)."""
+    pending = token._pending
+    if pending is not None and pending[0] is ancestor:
+        return True  # a lazy child of it (a deadline under the call's token): the usual case
+    seen = 0
+    frontier: list[CancelToken] = [token]
+    while frontier and seen < _DESCENT_LIMIT:
+        node = frontier.pop()
+        if node is ancestor:
+            return True
+        seen += 1
+        pending = node._pending
+        if pending is not None:
+            frontier.extend(pending)
+        links = node._links
+        if links:
+            frontier.extend(parent for parent, _ in links)
+    return False
+
+
+def lazy_due_above(token: CancelToken, ancestor: CancelToken) -> float | bool | None:
+    """The earliest lazy due time on the path from `token` up to `ancestor`, if it is all lazy.
+
+    The path must be single-parent lazy links ending at `ancestor`: then None (no due time
+    on it) or the earliest due time. Anything else (an eager token on the way, a fused
+    one, another root): False. Always False under `manual_clock()`: its due times are not
+    monotonic times a joiner could wait for, so it listens and the manual timer pushes.
+    """
+    if _now is not time.monotonic:
+        return False
+    node: CancelToken = token
+    due: float | None = None
+    for _ in range(_DESCENT_LIMIT):
+        if node is ancestor:
+            return due
+        pending = node._pending
+        if pending is None or len(pending) != 1 or node._linking:
+            return False
+        node_due = node._due
+        if node_due is not None and (due is None or node_due < due):
+            due = node_due
+        node = pending[0]
+    return False
+
+
+def cancelled_at(token: CancelToken, resolve: bool = True) -> float | None:
+    """When `token` was cancelled (`time.monotonic()` seconds), or None while it is live.
+
+    `resolve=False` reads only a cancellation already marked: a lazy cause nobody has read yet
+    does not count (nor is it resolved).
+    """
+    if not resolve:
+        return token._cancelled_at if token._cancelled else None
+    if not token._cancelled and token._pending is None and token._due is None:
+        return None  # live, and nothing it could resolve against
+    return token._cancelled_at if token.cancelled else None
+
+
+def release_token(token: CancelToken) -> None:
+    """A call's token at the call's end: if someone listened on it (which made it eager), it
+    is closed, so nothing of it stays linked to the caller's token."""
+    if token._links:
+        token._close()
 
 
 def timeout_of(token_or_reason: object, code: str | None = None) -> TimeoutReason | None:

@@ -12,7 +12,7 @@ through its token).
 
 from __future__ import annotations
 
-__all__ = ["Claim"]
+__all__ = ["Claim", "claim"]
 
 
 class Claim:
@@ -26,10 +26,11 @@ class Claim:
         # arguments are parsed by keyword on every call; work is made and claimed per call.
         self._claim = [True]
 
-    def _claimed(self) -> bool:
-        """True for the first party to claim this work (it owns the start); False after."""
-        try:
-            self._claim.pop()
-        except IndexError:
-            return False
-        return True
+
+def claim(work: Claim) -> bool:
+    """True for the first party to claim `work` (it owns the start); False after."""
+    try:
+        work._claim.pop()
+    except IndexError:
+        return False
+    return True

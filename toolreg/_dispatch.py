@@ -35,14 +35,14 @@ from collections.abc import Callable, Coroutine
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._body import Submit, ToolContext
-from ._call import CallMode, CallState, Stage
-from ._cancel import CancelToken
-from ._catalog import CatalogEntry
+from ._body import Submit
+from ._call import CallMode, CallState, DebugCallState, Stage
+from ._cancel import CancelToken, release_token
+from ._catalog import CatalogEntry, ToolTable
 from ._coro import CoroutineRunner
 from ._errors import ExecutorRefusedError, InsideCallError, RegistryClosedError
 from ._interrupts import INTERRUPTS, MAIN_THREAD_SLICE, wait_until
-from ._logger import logger
+from ._logger import DEBUG, logger
 from ._pipeline import execute as execute_call
 from ._pipeline import never_started
 from ._progress import ProgressSink
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor, Future
 
     from ._hooks import HookSet
+    from ._pool import WorkItem
 
 __all__ = ["Cancellable", "Dispatcher", "dispatcher_of"]
 
@@ -61,12 +62,6 @@ class Cancellable(Protocol):
     """An entry of the in-flight table: `close()` cancels it."""
 
     def cancel(self, reason: object) -> None: ...
-
-
-class Catalogue(Protocol):
-    entries: dict[str, CatalogEntry]
-
-    def lookup(self, name: str) -> CatalogEntry | None: ...
 
 
 class Hooks(Protocol):
@@ -79,7 +74,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        tools: Catalogue,
+        tools: ToolTable,
         hooks: Hooks,
         executor: Executor,
         owns_executor: bool,
@@ -96,10 +91,11 @@ class Dispatcher:
         self._owns_executor = owns_executor
         from ._pool import WorkerPool  # loaded with the first registry, not by `import toolreg`
 
-        self._pool = executor if isinstance(executor, WorkerPool) else None
+        pool = self._pool = executor if isinstance(executor, WorkerPool) else None
         # The pool's own ident -> worker table (only its workers write it): a thread found here
         # is running a body right now, so a call it makes runs inline.
-        self._pool_threads: dict[int, Any] = {} if self._pool is None else self._pool._threads
+        # private reach: the registry's own pool, whose one client this is; read once.
+        self._pool_threads: dict[int, Any] = {} if pool is None else pool._threads
         self.overdue_after = overdue_after
         # Guards _closing/_closed transitions and the idle condition; never held while a call
         # runs, and the calls table is read and written without it (see the module docstring).
@@ -115,9 +111,9 @@ class Dispatcher:
         self._coroutines = CoroutineRunner(name)
         # How bodies are handed to a worker: the pool's own hand-off, bound once (a body's
         # hand-over is one call, no wrapper), or a Future on someone else's executor.
-        self.submit: Submit = (
-            self._pool._hand_over if self._pool is not None else self._submit_foreign
-        )
+        # private reach: the registry's own pool's hand-off (no Future); bound once, here.
+        self._hand_over = None if pool is None else pool._hand_over
+        self.submit: Submit = self._submit_foreign if self._hand_over is None else self._hand_over
         _register(self)
         if owner is not None:
             _OWNED[owner] = weakref.ref(self)
@@ -152,7 +148,9 @@ class Dispatcher:
             or ident == self._coroutines.loop_ident
         )
         hooks = self._hooks.current
-        state = CallState(call, hooks, caller, mode, entered, inline, progress, wall, ident)
+        # Each stage logged at DEBUG: the state's own doing (`DebugCallState`), never a check.
+        new_state = DebugCallState if logger.isEnabledFor(DEBUG) else CallState
+        state = new_state(call, hooks, caller, mode, entered, inline, progress, wall, ident)
         if owns_call:
             state.owns_call = True
         # Admission, inline: this runs for every call.
@@ -172,33 +170,18 @@ class Dispatcher:
                 watcher(state)
             result = execute_call(self, state, admitted)
         finally:
-            token = state.token
-            if token._links:  # made eager (someone listened): leave nothing on the caller's
-                token._close()
+            release_token(state.token)
             calls.pop(key, None)  # `untrack(key)`, inline
             if not calls and (self._idle_waiters or self._idle_callbacks):
                 self._notify_idle()
         return result, state.interrupted
 
-    def execute(
-        self,
-        call: ToolCall,
-        caller: CancelToken,
-        mode: CallMode,
-        progress: ProgressSink | None = None,
-    ) -> ToolResult[Any]:
-        """`run`, re-raising an interrupt once the call is complete (and observed)."""
-        result, interrupted = self.run(call, caller, mode, progress)
-        if interrupted is not None:
-            raise interrupted
-        return result
-
     def run_nested(
-        self, call: ToolCall, token: CancelToken, parent: ToolContext
+        self, call: ToolCall, token: CancelToken, watcher: Callable[[CallState], object]
     ) -> ToolResult[Any]:
-        """A nested call under `token`, run inline; `parent` (the body that makes it) is told
-        its state, so the parent's overdue watch can cover it (`ToolContext._watch_nested`)."""
-        result, interrupted = self.run(call, token, _NESTED, None, None, parent._watch_nested)
+        """A nested call under `token`, run inline; `watcher` (the parent body's) is told its
+        state, so the parent's overdue watch can cover it (`ToolContext._watch_nested`)."""
+        result, interrupted = self.run(call, token, _NESTED, None, None, watcher)
         if interrupted is not None:
             raise interrupted
         return result
@@ -220,7 +203,8 @@ class Dispatcher:
         never = CancelToken.never()
         mode = CallMode.batch_item()
         hooks = self._hooks.current
-        state = CallState(call, hooks, never, mode, time.monotonic(), True, None)
+        new_state = DebugCallState if logger.isEnabledFor(DEBUG) else CallState
+        state = new_state(call, hooks, never, mode, time.monotonic(), True, None)
         state.cancel(reason)
         if hooks.call_hooks:  # traced like any call: its entry, then its end
             _start_traces(state, hooks)
@@ -232,16 +216,16 @@ class Dispatcher:
 
     # -- handing bodies over ---------------------------------------------------------------------
 
-    def hand_over(self, item: Any, may_block: bool = True, goes_on: bool = False) -> None:
+    def hand_over(self, item: WorkItem, may_block: bool = True, goes_on: bool = False) -> None:
         """Run `item._run()` on a worker (batch runners, awaited calls); `_drop()` if never.
 
         `goes_on`: the caller has more to do before it waits (`WorkerPool._hand_over`)."""
-        if self._pool is not None:
-            self._pool._hand_over(item, may_block=may_block, goes_on=goes_on)
+        if self._hand_over is not None:
+            self._hand_over(item, may_block=may_block, goes_on=goes_on)
             return
         self._submit_foreign(item)
 
-    def _submit_foreign(self, item: Any) -> bool:
+    def _submit_foreign(self, item: WorkItem) -> bool:
         # The slower path for a caller's ThreadPoolExecutor: a Future per body (or batch runner,
         # or awaited job), watched so that an item the executor drops
         # (shutdown(cancel_futures=True)) ends its call at once.
@@ -250,12 +234,12 @@ class Dispatcher:
         future.add_done_callback(functools.partial(_drop_if_cancelled, item))
         return False
 
-    def _run_foreign(self, item: Any) -> None:
+    def _run_foreign(self, item: WorkItem) -> None:
         ident = threading.get_ident()
         threads = self._foreign_threads
         threads[ident] = threads.get(ident, 0) + 1  # only this thread writes its own key
         try:
-            item._run()
+            item._run()  # private reach: the pool's work-item protocol (`_pool.WorkItem`)
         finally:
             left = threads[ident] - 1
             if left:
@@ -474,9 +458,9 @@ def _start_traces(state: CallState, hooks: HookSet) -> None:
         state.interrupt(exc)
 
 
-def _drop_if_cancelled(item: Any, future: Future[Any]) -> None:
+def _drop_if_cancelled(item: WorkItem, future: Future[Any]) -> None:
     if future.cancelled():
-        item._drop()
+        item._drop()  # private reach: the pool's work-item protocol (`_pool.WorkItem`)
 
 
 _NESTED = CallMode.nested()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ._cancel import CancelToken, Registration
 from ._record import record
@@ -24,6 +24,7 @@ __all__ = [
     "Deny",
     "Dispatch",
     "Guard",
+    "OwnPolicy",
     "PostExecuteHook",
     "PreExecuteHook",
     "ResultObserver",
@@ -91,6 +92,47 @@ class AroundWrapper(Protocol):
 # How the registry runs one of its own policies: `run(dispatch, proceed, *args)` calls
 # `proceed(*args)` for the rest of the chain (`HookSet.chain_runs`).
 ChainRun = Callable[..., ToolResult[Any]]
+
+
+class OwnPolicy(Protocol):
+    """The internal protocol of the registry's own around wrappers (`TimeoutPolicy`,
+    `RetryPolicy`): what lets the registry run one without a `proceed()` made per call, finish
+    a result it hands on in place, and run a deadline policy that is alone around the body as
+    the body's deadline, with no chain.
+
+    A class takes part by defining `_run_in_chain` in its own body (`own_policy`): a subclass
+    may override `__call__`, so it is an ordinary wrapper unless it defines it again. Only
+    `HookSet` reads the protocol, into its derived fields; the pipeline uses those.
+    """
+
+    #: It hands on the result it got, or a new one, and keeps neither.
+    _keeps_no_result: ClassVar[bool]
+    #: It has a deadline to offer (`_open_deadline`, `_close_deadline`).
+    _runs_as_deadline: ClassVar[bool]
+
+    def _run_in_chain(
+        self, dispatch: Dispatch, proceed: Callable[..., ToolResult[Any]], *args: Any
+    ) -> ToolResult[Any]:
+        """`__call__`, with the rest of the chain as `proceed(*args)`."""
+        ...
+
+    def _open_deadline(self, tool: Tool, parent: CancelToken) -> CancelToken | None:
+        """The deadline of a call of `tool`: a lazy child of `parent`; None for none."""
+        ...
+
+    def _close_deadline(
+        self, tool: Tool, budget: CancelToken, result: ToolResult[Any]
+    ) -> ToolResult[Any]:
+        """After the body: `result`, or its `TOOL_TIMEOUT` if `budget` is what cancelled it;
+        `budget` closed."""
+        ...
+
+
+# A deadline policy run as data around the body: its `_open_deadline` and `_close_deadline`.
+Deadline = tuple[
+    Callable[["Tool", CancelToken], "CancelToken | None"],
+    Callable[["Tool", CancelToken, "ToolResult[Any]"], "ToolResult[Any]"],
+]
 
 
 class PostExecuteHook(Protocol):
@@ -203,26 +245,27 @@ class HookSet:
     observers: tuple[ResultObserver, ...] = ()
     call_hooks: tuple[CallHook, ...] = ()
     tools_changed: tuple[Callable[[], object], ...] = ()  # registry-level, not per call
-    #: No pre-execute hook, guard, around wrapper or post hook: a call needs only its body,
-    #: its finalizing and its observers (`_pipeline`'s plain path). Derived, not a field.
-    plain = True
-    #: No post hook, and every around wrapper is one that declares, in its own class, that it
-    #: keeps no reference to a result it hands on (`_keeps_no_result = True`: TimeoutPolicy,
-    #: RetryPolicy): a result the registry makes for the body then reaches finalizing unseen
-    #: by user code, and is finished in place rather than copied. Derived, not a field.
+    #: No pre-execute hook, guard or around wrapper: nothing runs before the body. Derived,
+    #: not a field (as are the ones below).
+    bare = True
+    #: A pre-execute hook or a guard: the call passes the gate before its body.
+    gated = False
+    #: No post hook, and every around wrapper is one of the registry's own policies that keeps
+    #: no reference to a result it hands on (`OwnPolicy._keeps_no_result`): a result the
+    #: registry makes for the body then reaches finalizing unseen by user code, and is finished
+    #: in place rather than copied.
     results_unseen = True
     #: Per around wrapper, aligned with `around`: how the registry runs one of its own policies
-    #: (`_run_in_chain(dispatch, proceed, *args)`, declared in the wrapper's own class), with
-    #: the rest of the chain as `proceed(*args)` rather than a `proceed()` made per call; None
-    #: for any other wrapper. Derived, not a field.
+    #: (`OwnPolicy._run_in_chain`), with the rest of the chain as `proceed(*args)` rather than a
+    #: `proceed()` made per call; None for any other wrapper.
     chain_runs: tuple[ChainRun | None, ...] = ()
     #: There are around wrappers, and every one has a chain run: no `proceed()` is ever handed
-    #: to user code, so none can run on another thread or after the chain. Derived.
+    #: to user code, so none can run on another thread or after the chain.
     chain_only = False
-    #: The one around wrapper, when it is the registry's own `TimeoutPolicy` (its own class:
-    #: `_runs_as_deadline = True`) and there is no pre-execute hook, guard or post hook: a call
-    #: then takes the plain path with the policy's deadline as its body's token. Derived.
-    timeout_only: Any = None
+    #: The one around wrapper, when it is a deadline policy of the registry's own
+    #: (`TimeoutPolicy`): the call then runs no chain, and the policy's deadline (if the tool
+    #: has one) is the body's token.
+    deadline: Deadline | None = None
 
     def __init__(
         self,
@@ -235,7 +278,8 @@ class HookSet:
         call_hooks: tuple[CallHook, ...] = (),
         tools_changed: tuple[Callable[[], object], ...] = (),
     ) -> None:
-        chain_runs = tuple(map(_chain_run, around))
+        owns = tuple(map(own_policy, around))
+        chain_runs = tuple(None if own is None else own._run_in_chain for own in owns)
         self.__dict__.update(
             pre_execute=pre_execute,
             approver=approver,
@@ -245,18 +289,21 @@ class HookSet:
             observers=observers,
             call_hooks=call_hooks,
             tools_changed=tools_changed,
-            plain=not (pre_execute or guards or around or post_execute),
-            results_unseen=not post_execute and all(map(_keeps_no_result, around)),
+            bare=not (pre_execute or guards or around),
+            gated=bool(pre_execute or guards),
+            results_unseen=not post_execute
+            and all(own is not None and _declares(own, "_keeps_no_result") for own in owns),
             chain_runs=chain_runs,
             chain_only=bool(around) and None not in chain_runs,
-            timeout_only=_timeout_only(pre_execute, guards, around, post_execute),
+            deadline=_deadline(owns),
         )
 
     def replace(self, **changes: Any) -> HookSet:
         """A copy with `changes` (field name: value), like `dataclasses.replace`."""
         fields = {**self.__dict__, **changes}
-        for derived in ("plain", "results_unseen", "chain_runs", "chain_only", "timeout_only"):
-            del fields[derived]
+        derived = ("bare", "gated", "results_unseen", "chain_runs", "chain_only", "deadline")
+        for name in derived:
+            del fields[name]
         return HookSet(**fields)
 
 
@@ -267,28 +314,24 @@ def _registered(hook: object) -> object:
     return hook
 
 
-def _keeps_no_result(wrapper: object) -> bool:
-    # The wrapper's own class only: a subclass may override `__call__` and keep the result.
-    return type(_registered(wrapper)).__dict__.get("_keeps_no_result") is True
-
-
-def _timeout_only(
-    pre_execute: tuple[object, ...],
-    guards: tuple[object, ...],
-    around: tuple[object, ...],
-    post_execute: tuple[object, ...],
-) -> object:
-    if pre_execute or guards or post_execute or len(around) != 1:
-        return None
-    policy = _registered(around[0])
-    return policy if type(policy).__dict__.get("_runs_as_deadline") is True else None
-
-
-def _chain_run(wrapper: object) -> ChainRun | None:
-    # The wrapper's own class only, as above: a subclass's `__call__` is what it asked to run.
+def own_policy(wrapper: object) -> OwnPolicy | None:
+    """The registered `wrapper` if it is one of the registry's own policies (`OwnPolicy`,
+    defined in its own class), else None."""
     policy = _registered(wrapper)
-    run = type(policy).__dict__.get("_run_in_chain")
-    return None if run is None else functools.partial(run, policy)
+    if "_run_in_chain" in type(policy).__dict__:
+        return policy  # type: ignore[return-value]  # it defines the protocol in its class
+    return None
+
+
+def _deadline(owns: tuple[OwnPolicy | None, ...]) -> Deadline | None:
+    if len(owns) != 1 or owns[0] is None or not _declares(owns[0], "_runs_as_deadline"):
+        return None
+    return owns[0]._open_deadline, owns[0]._close_deadline
+
+
+def _declares(policy: OwnPolicy, marker: str) -> bool:
+    """Whether `policy` says True to `marker` (`_keeps_no_result`, `_runs_as_deadline`)."""
+    return getattr(policy, marker, False) is True
 
 
 class HookRegistration(Registration):

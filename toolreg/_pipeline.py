@@ -1,9 +1,7 @@
 """The stages of one call, top to bottom, and the cancellation contract they keep.
 
-`execute` runs the entry checks and then `run_stages` (or, for a call with no gate, wrapper
-or post hook, `_run_plain`: the same stages without the hooks; also for one whose only wrapper
-is the registry's own `TimeoutPolicy`, with its deadline as the body's token), which reads like
-the contract:
+`execute` runs the entry checks and then `run_stages`, the one path of every call (direct,
+nested, batch item, awaited; a local or a remote body), which reads like the contract:
 
     gate (pre-execute hooks, approval, guards)
       -> around wrappers | the body
@@ -11,6 +9,11 @@ the contract:
       -> post-execute hooks
       -> finalize (the frozen result: call, dispatched, duration, timeline)
       -> notify (observers, each once)
+
+A stage a call does not need is skipped by its data, never by another copy of the path: the
+hooks of the call's `HookSet` (an empty tuple when none is registered), no deadline when the
+registry's own `TimeoutPolicy` is not the one wrapper (or the tool has no timeout), the body
+inline or handed to a worker as the call's `CallMode` and thread say.
 
 The rules they keep (docs/contract.md, sections 3 and 4):
 
@@ -40,25 +43,23 @@ from collections.abc import Mapping
 from threading import get_ident
 from typing import Any, Protocol
 
-from ._body import BodyHost, Submit, ToolContext, run_body
+from ._body import BodyHost, run_body
 from ._call import CallState, Stage
-from ._cancel import Cancelled, CancelSource, CancelToken, close_token, deadline_token
-from ._catalog import CatalogEntry
-from ._hooks import Allow, Ask, Deny, Dispatch
+from ._cancel import Cancelled, CancelSource, CancelToken, close_token, descends_from
+from ._catalog import CatalogEntry, ToolTable
+from ._hooks import Allow, Ask, Deadline, Deny, Dispatch
 from ._interrupts import INTERRUPTS, wait_until
 from ._logger import logger
-from ._policies import TimeoutPolicy
+from ._outcomes import aborted, failure
 from ._results import (
     CallTimeline,
     ErrorCode,
     ToolCall,
     ToolError,
     ToolResult,
-    failure_content,
     finish_result,
     frozen_call,
     make_result,
-    render_content,
 )
 from ._text import describe, safe_repr, safe_str
 from ._tools import FrozenDict, InvalidArguments, freeze_arguments
@@ -67,38 +68,25 @@ from ._traces import end_traces
 __all__ = ["PipelineHost", "check_entry", "describe", "execute", "never_started"]
 
 
-_ABORTED = ErrorCode.ABORTED
 _BEFORE = ErrorCode.ABORTED_BEFORE_DISPATCH
-# Enum members read once: `_BODY` costs a descriptor call on every read (~0.1 us).
+# Enum members read once: reading `Stage.GUARDS` is a descriptor call every time.
 _PRE_EXECUTE, _APPROVAL, _GUARDS, _AROUND = (
     Stage.PRE_EXECUTE,
     Stage.APPROVAL,
     Stage.GUARDS,
     Stage.AROUND,
 )
-_DISPATCH, _BODY, _AFTER_BODY = Stage.DISPATCH, Stage.BODY, Stage.AFTER_BODY
 _POST_EXECUTE, _OBSERVERS = Stage.POST_EXECUTE, Stage.OBSERVERS
-_TOOL_ERROR = ErrorCode.TOOL_ERROR
 _NO_CONTEXTS: tuple[Any, ...] = ()
-
-PROCEEDS_LOCK = threading.Lock()  # guards every CallState's chain_open, foreign_proceeds, drained
-
-
-class Entries(Protocol):
-    entries: dict[str, CatalogEntry]  # replaced whole on every change: read it once
 
 
 class PipelineHost(BodyHost, Protocol):
     """What the stages need from the dispatcher that runs them."""
 
     @property
-    def tools(self) -> Entries:
-        """The catalog: `tools.entries` maps a name to its entry now."""
-        ...
-
-    @property
-    def submit(self) -> Submit:
-        """How to hand a body to a worker."""
+    def tools(self) -> ToolTable:
+        """The tool table: `tools.entries` maps a name to its entry now (replaced whole on
+        every change: read it once)."""
         ...
 
 
@@ -122,14 +110,9 @@ def execute(
         failed = _entry_checks(host, state)
     if failed is None and not state.live and not state.mode.start_if_cancelled:
         # Model-driven dispatch never reopens a cancelled turn: no hook runs, observers see it.
-        failed = _failure(state.call, _BEFORE, "tool call aborted before dispatch")
+        failed = failure(state.call, _BEFORE, "tool call aborted before dispatch")
     if failed is not None:
         return _finish(state, failed)
-    if state.hooks.plain and not state.debug:
-        return _run_plain(host, state)
-    timeout = state.hooks.timeout_only
-    if timeout is not None and not state.debug:
-        return _run_plain(host, state, timeout)
     return run_stages(host, state)
 
 
@@ -146,7 +129,7 @@ def _entry_checks(host: PipelineHost, state: CallState) -> ToolResult[Any] | Non
     if entry is None or problem is not None:
         unknown = frozen is not None and entry is None
         code = ErrorCode.UNKNOWN_TOOL if unknown else ErrorCode.INVALID_ARGS
-        return _failure(state.call, code, str(problem))
+        return failure(state.call, code, str(problem))
     state.entry = entry  # admitted
     state.tool = entry.tool
     return None
@@ -189,28 +172,45 @@ def never_started(state: CallState) -> ToolResult[Any]:
     except InvalidArguments:
         arguments = None
     state.call = frozen_call(call.name, arguments, call.call_id)
-    return _finish(state, _failure(state.call, _BEFORE, "tool call aborted before dispatch"))
+    return _finish(state, failure(state.call, _BEFORE, "tool call aborted before dispatch"))
 
 
 # -- the stages ----------------------------------------------------------------------------------
 
 
 def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
-    """gate -> around | body -> cancellation replaces success -> post -> finalize -> notify."""
+    """gate -> around | body -> cancellation replaces success -> post -> finalize -> notify.
+
+    With nothing between the body and the final result, the one read of the call's token
+    after the body serves both the late-success check (4.5) and the timeline's `cancelled`.
+    """
     hooks = state.hooks
     try:
-        live = False  # the call's token read live after the last stage (see `_finish`)
-        if hooks.pre_execute or hooks.guards:
-            result = _gate(state)
-        elif state.live and state.token.cancelled:  # the recheck after an empty stage 2
-            result = _aborted(state)
+        if hooks.bare:  # no gate, no wrapper: the body's own recheck (as it starts) is all
+            result = run_body(host, state, state.token)
         else:
-            result = None
-        if result is None:
-            result = _around(host, state) if hooks.around else _body(host, state, state.token)
-            live = not state.token.cancelled
-            if result.ok and state.live and not live:  # `_unless_revoked`, inline
-                result = _aborted(state, tuple(result.contexts))
+            deadline = hooks.deadline
+            if hooks.gated:
+                stopped = _gate(state)
+            elif deadline is None and state.revoked():
+                # The recheck of an empty stage 2, before any wrapper runs (a deadline alone
+                # runs none: its body's own recheck is all).
+                stopped = aborted(state)
+            else:
+                stopped = None
+            if stopped is not None:
+                result = stopped
+            elif deadline is not None:
+                result = _body_under_deadline(host, state, deadline)
+            elif hooks.around:
+                result = _around(host, state)
+            else:
+                result = run_body(host, state, state.token)
+        # The call's token read live after the last stage (see `_finish`). A result the gate
+        # made is never a success: only the body's is replaced here.
+        live = not state.token.cancelled
+        if result.ok and state.live and not live:
+            result = aborted(state, tuple(result.contexts))
         # The very result the registry made for a broken hook skips the post hooks.
         if hooks.post_execute and result is not state.hook_error:
             result = _post_execute(state, result)
@@ -218,101 +218,31 @@ def run_stages(host: PipelineHost, state: CallState) -> ToolResult[Any]:
             # the same read serves the timeline, as nothing runs between it and finalizing.
             live = not state.token.cancelled
             if result.ok and state.live and not live:
-                result = _aborted(state, tuple(result.contexts))
+                result = aborted(state, tuple(result.contexts))
     except BaseException as exc:  # landed between guarded spots: cancel, finish, re-raise later
         state.interrupt(exc)
-        result = _aborted(state)
+        result = aborted(state)
         live = False
     return _finish(state, result, live)
 
 
-def _run_plain(
-    host: PipelineHost, state: CallState, timeout: TimeoutPolicy | None = None
+def _body_under_deadline(
+    host: PipelineHost, state: CallState, deadline: Deadline
 ) -> ToolResult[Any]:
-    """`run_stages` for a call that has no pre-execute hook, guard, wrapper or post hook (a
-    batch call, or a direct call on a registry with observers only): the body, the
-    late-success check, finalize.
-
-    With `timeout`, the registry's own `TimeoutPolicy` as the only around wrapper: what the
-    policy does around the chain, done here with no chain (its deadline, a lazy child of the
-    call's token, is the body's token; `TOOL_TIMEOUT` if that deadline is what cancelled it).
-
-    With nothing between the body and the final result, the one read of the call's token
-    after the body serves both the late-success check (4.5) and the timeline's `cancelled`.
-    """
-    budget: CancelToken | None = None
+    """The body under the deadline of the registry's own `TimeoutPolicy`, its one wrapper: what
+    the policy does around the chain, done here with no chain (its deadline, a lazy child of
+    the call's token, is the body's token; `TOOL_TIMEOUT` if that deadline cancelled it)."""
+    open_deadline, close_deadline = deadline
+    budget = open_deadline(state.tool, state.token)
+    if budget is None:  # this tool has no timeout
+        return run_body(host, state, state.token)
+    state.stage = _AROUND
     try:
-        if timeout is not None:
-            budget = _open_deadline(state, timeout)  # None: this tool has no timeout
-        state.stage = _DISPATCH
-        # Inline (not joined): already on a thread dedicated to this call; a runner joins its
-        # remote body here. Otherwise the body goes to a worker and is joined.
-        joined = not state.inline and state.entry.runner is None
-        if budget is None:
-            ctx = ToolContext(state, state.token, host, joined)
-        else:
-            ctx = ToolContext(state, budget, host, joined)
-            ctx._covers_nested = False
-        state.body = ctx
-        state.stage = _BODY
-        refused = None
-        if state.caller_watched:  # inline (a batch's or nested call's)
-            ctx._run()  # run_body's inline case, whose only extra is the caller's overdue watch
-        else:
-            refused = run_body(state, ctx, host.submit if joined else None, state.interrupt)
-        contexts = ctx._finish()
-        started = ctx._started
-        if budget is not None:
-            state.mark_body(ctx)
-        elif started:  # `state.mark_body(ctx)`: the body's token is the call's own here
-            state.dispatched_at = ctx._dispatched_at
-            state.settled_at = ctx._settled_at
-        if refused is not None:
-            result = _failure(state.call, _TOOL_ERROR, refused, contexts)
-        elif started and ctx._error is None:  # `_body_result`'s usual case (never debug here)
-            state.dispatched = True
-            state.stage = _AFTER_BODY
-            result = _success(state, ctx._value, ctx._live_on_return, contexts)
-        else:
-            result = _body_result(state, ctx, contexts)
-        if budget is not None:
-            result = _close_deadline(state, timeout, budget, result)
-            budget = None
-        live = not state.token.cancelled
-        if not live and result.ok and state.live:
-            result = _aborted(state, contexts)
-    except BaseException as exc:  # landed between guarded spots: cancel, finish, re-raise later
-        if budget is not None:
-            close_token(budget)
-        state.interrupt(exc)
-        result = _aborted(state)
-        live = False
-    return _finish(state, result, live)
-
-
-def _open_deadline(state: CallState, timeout: TimeoutPolicy) -> CancelToken | None:
-    """`timeout`'s deadline for this call: a lazy child of the call's token; None if none."""
-    seconds = timeout._seconds(state.tool)
-    if seconds is None:
-        return None
-    return deadline_token(state.token, seconds, timeout.code)
-
-
-def _close_deadline(
-    state: CallState, timeout: TimeoutPolicy | None, budget: CancelToken, result: ToolResult[Any]
-) -> ToolResult[Any]:
-    """After the body: `TOOL_TIMEOUT` if the deadline is what cancelled it; the deadline closed
-    (after that read: a closed lazy deadline is not resolved again)."""
-    try:
-        if not TimeoutPolicy._expired(budget, result):
-            return result
-        assert timeout is not None  # the policy that opened it
-        seconds = timeout._seconds(state.tool)
-        assert seconds is not None  # it has a deadline
-        message = TimeoutPolicy._message(seconds)
-        return _failure(state.call, ErrorCode.TOOL_TIMEOUT, message, result.contexts)
-    finally:
+        result = run_body(host, state, budget)
+    except BaseException:
         close_token(budget)
+        raise
+    return close_deadline(state.tool, budget, result)
 
 
 def _finish(state: CallState, result: ToolResult[Any], live: bool = False) -> ToolResult[Any]:
@@ -373,17 +303,17 @@ def _gate(state: CallState) -> ToolResult[Any] | None:
     # A denial returned while the call's token is cancelled is the cancellation: the hook or
     # approver that said no may have said it *because* its turn was cancelled.
     ask = _pre_execute(state)
-    # `state.revoked()`, inline. A broken hook's result stays HOOK_ERROR. `ask` is None when no
-    # hook decided anything, and so is `hook_error` when no hook broke: compare only a result.
+    # A broken hook's result stays HOOK_ERROR. `ask` is None when no hook decided anything, and
+    # so is `hook_error` when no hook broke: compare only a result.
     broken = ask is not None and ask is state.hook_error
-    if state.live and state.token.cancelled and not broken:
-        return _aborted(state)
+    if not broken and state.revoked():
+        return aborted(state)
     if isinstance(ask, ToolResult):
         return ask
     if ask is not None:
         denial = _approve(state, ask)
         if state.revoked():
-            return _aborted(state)
+            return aborted(state)
         if denial is not None:
             return denial
     return _guards(state)
@@ -391,9 +321,7 @@ def _gate(state: CallState) -> ToolResult[Any] | None:
 
 def _pre_execute(state: CallState) -> ToolResult[Any] | Ask | None:
     first_ask: Ask | None = None
-    state.stage = _PRE_EXECUTE  # `state.at(...)`, inline: this runs for every call with the hook
-    if state.debug:
-        state.log_stage()
+    state.stage = _PRE_EXECUTE
     for hook in state.hooks.pre_execute:
         try:
             decision: object = hook(state.call, state.token)
@@ -414,15 +342,15 @@ def _approve(state: CallState, ask: Ask) -> ToolResult[Any] | None:
     approver = state.hooks.approver
     if approver is None:
         return _denied(state, ask.reason)
-    state.at(_APPROVAL)
+    state.stage = _APPROVAL
     try:
         approved = approver(state.call, ask.reason, state.token)
     except INTERRUPTS as exc:
         state.interrupt(exc)
-        return _aborted(state)
+        return aborted(state)
     except Cancelled as exc:
         if state.token.cancelled:
-            return _aborted(state)
+            return aborted(state)
         logger.warning("toolreg: the approver raised; denying %s", state.call.call_id, exc_info=exc)
         approved = False
     except BaseException as exc:  # an approver that raises refuses (or was cancelled)
@@ -432,9 +360,7 @@ def _approve(state: CallState, ask: Ask) -> ToolResult[Any] | None:
 
 
 def _guards(state: CallState) -> ToolResult[Any] | None:
-    state.stage = _GUARDS  # `state.at(...)`, inline: this runs for every call with the hook
-    if state.debug:
-        state.log_stage()
+    state.stage = _GUARDS
     for guard in state.hooks.guards:
         try:
             verdict: object = guard(state.call)
@@ -449,7 +375,7 @@ def _guards(state: CallState) -> ToolResult[Any] | None:
 
 
 def _denied(state: CallState, reason: object) -> ToolResult[Any]:
-    return _failure(state.call, ErrorCode.DENIED, safe_str(reason))
+    return failure(state.call, ErrorCode.DENIED, safe_str(reason))
 
 
 # -- around wrappers ---------------------------------------------------------------------------
@@ -458,17 +384,12 @@ def _denied(state: CallState, reason: object) -> ToolResult[Any]:
 def _around(host: PipelineHost, state: CallState) -> ToolResult[Any]:
     dispatch = Dispatch(state.call, state.tool, state.caller, state.token)
     state.stage = _AROUND
-    if state.debug:
-        state.log_stage()
     if state.hooks.chain_only:  # no proceed() reaches user code: none runs elsewhere or late
         return _proceed_from(host, state, dispatch, 0)
-    state.chain_open = True
+    state.chain_open = True  # no proceed() exists yet: no other thread reads it before this
     result = _proceed_from(host, state, dispatch, 0)
     # The chain returned: refuse new `proceed()` calls, join those still running elsewhere.
-    with PROCEEDS_LOCK:
-        state.chain_open = False
-        elsewhere = state.foreign_proceeds
-    if elsewhere:
+    if state.close_chain():
         _join_foreign_proceeds(state)
     return result
 
@@ -479,7 +400,7 @@ def _proceed_from(
     """Run wrapper `index` (or, past the last, the body); never raises."""
     wrappers = state.hooks.around
     if index == len(wrappers):  # the innermost policy's chain run, or a proceed() elsewhere
-        result = state.proceeded = _body(host, state, dispatch._token)
+        result = state.proceeded = _chain_body(host, state, dispatch.token)
         return result
     run = state.hooks.chain_runs[index]
     try:
@@ -494,7 +415,7 @@ def _proceed_from(
             proceed = functools.partial(_proceed, host, state, dispatch, index + 1)
             returned = wrappers[index](dispatch, proceed)
     except BaseException as exc:
-        return _raised(state, "around wrapper", exc, dispatch._token)
+        return _raised(state, "around wrapper", exc, dispatch.token)
     # What its proceed() returned, handed on as it is (a pass-through, TimeoutPolicy on time),
     # was made or checked by the registry already.
     if returned is None or returned is not state.proceeded:
@@ -523,7 +444,7 @@ def _proceed_to_body(host: PipelineHost, state: CallState, dispatch: Dispatch) -
         return _proceed_elsewhere(host, state, dispatch, len(state.hooks.around))
     if not state.chain_open:
         return _late_proceed(state)
-    result = state.proceeded = _body(host, state, dispatch._token)
+    result = state.proceeded = _chain_body(host, state, dispatch.token)
     return result
 
 
@@ -536,32 +457,19 @@ def _proceed_elsewhere(
 ) -> ToolResult[Any]:
     """`proceed()` on another thread: counted, so the chain's end waits for it (its body is
     this call's)."""
-    with PROCEEDS_LOCK:
-        if not state.chain_open:
-            refused = True
-        else:
-            refused = False
-            state.foreign_proceeds += 1
-    if refused:
+    if not state.enter_foreign_proceed():
         return _late_proceed(state)
     try:
         return _proceed_from(host, state, dispatch, index)
     finally:
-        with PROCEEDS_LOCK:
-            state.foreign_proceeds -= 1
-            drained = state.drained if state.foreign_proceeds == 0 else None
-        if drained is not None:
-            drained.set()
+        state.leave_foreign_proceed()
 
 
 def _join_foreign_proceeds(state: CallState) -> None:
     """After the chain closed: wait for the `proceed()` calls still running on other threads."""
-    drained = threading.Event()  # allocated outside the lock, and only when needed
-    with PROCEEDS_LOCK:
-        if state.foreign_proceeds == 0:
-            return
-        state.drained = drained
-    wait_until(drained.is_set, functools.partial(_wait_event, drained), state.interrupt)
+    drained = state.foreign_proceeds_drained()
+    if drained is not None:
+        wait_until(drained.is_set, functools.partial(_wait_event, drained), state.interrupt)
 
 
 def _wait_event(event: threading.Event, timeout: float) -> bool:
@@ -571,92 +479,21 @@ def _wait_event(event: threading.Event, timeout: float) -> bool:
 # -- the body ---------------------------------------------------------------------------------
 
 
-def _body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolResult[Any]:
-    state.stage = _DISPATCH
-    if state.debug:
-        state.log_stage()
+def _chain_body(host: PipelineHost, state: CallState, wrapper_token: object) -> ToolResult[Any]:
+    """The body at the end of the around chain, under the call's token fused with whatever the
+    wrappers left in `dispatch.token` (no fusing when that token descends from the call's)."""
     token = state.token
-    fused: CancelSource | None = None
-    if wrapper_token is not token:
-        if not isinstance(wrapper_token, CancelToken):
-            return _hook_failure(state, "around wrapper", "left a non-token in dispatch.token")
-        pending = wrapper_token._pending  # `_descends_from`'s first case, without the call
-        if (pending is not None and pending[0] is token) or wrapper_token._descends_from(token):
-            token = wrapper_token  # a deadline below the call's token, say: nothing to fuse
-        else:
-            fused = CancelSource(token, wrapper_token)
-            token = fused.token
-    # Inline (not joined): already on a thread dedicated to this call; a runner joins its
-    # remote body here.
-    joined = not state.inline and state.entry.runner is None
-    ctx = ToolContext(state, token, host, joined)
-    if token is not state.token:
-        ctx._covers_nested = False  # see `ToolContext._covers_nested`
-    state.body = ctx
-    state.stage = _BODY
-    if state.debug:
-        state.log_stage()
+    if wrapper_token is token:
+        return run_body(host, state, token)
+    if not isinstance(wrapper_token, CancelToken):
+        return _hook_failure(state, "around wrapper", "left a non-token in dispatch.token")
+    if descends_from(wrapper_token, token):  # a deadline below the call's token, say
+        return run_body(host, state, wrapper_token)
+    fused = CancelSource(token, wrapper_token)
     try:
-        refused = run_body(state, ctx, host.submit if joined else None, state.interrupt)
+        return run_body(host, state, fused.token)
     finally:
-        if fused is not None:
-            fused.close()  # nothing of this body stays linked to the caller's token
-    contexts = ctx._finish()
-    state.mark_body(ctx)
-    if refused is not None:
-        return _failure(state.call, _TOOL_ERROR, refused, contexts)
-    if ctx._started and ctx._error is None and not state.debug:  # `_body_result`'s usual case
-        state.dispatched = True
-        state.stage = _AFTER_BODY
-        return _success(state, ctx._value, ctx._live_on_return, contexts)
-    return _body_result(state, ctx, contexts)
-
-
-def _body_result(state: CallState, ctx: ToolContext, contexts: tuple[Any, ...]) -> ToolResult[Any]:
-    if not ctx._started:
-        return _aborted(state)
-    state.dispatched = True
-    state.stage = _AFTER_BODY
-    if state.debug:
-        state.log_stage()
-    error = ctx._error
-    if error is None:
-        return _success(state, ctx._value, ctx._live_on_return, contexts)
-    if isinstance(error, Cancelled) and ctx.token.cancelled:
-        return _aborted(state, contexts)
-    return _failure(state.call, _TOOL_ERROR, describe(error), contexts, error)
-
-
-def _success(
-    state: CallState, value: Any, live: bool, contexts: tuple[Any, ...]
-) -> ToolResult[Any]:
-    # `live`: the body's token as the body's thread saw it on return. A caller that cancelled
-    # after that is still caught by the recheck after the wrappers.
-    if state.live and not live:
-        return _aborted(state, contexts)
-    call = state.call
-    validator = state.entry.output_validator
-    if validator is not None:
-        try:
-            validator(value)
-        except Exception as exc:
-            problem = str(getattr(exc, "message", None) or describe(exc))
-            message = f"the value does not match the output schema: {problem}"
-            return _failure(call, _TOOL_ERROR, message, contexts)
-    render = state.tool.render
-    try:
-        # A str without a render function is its own content (render_content's first case).
-        content = value if render is None and type(value) is str else render_content(value, render)
-    except INTERRUPTS as exc:
-        state.interrupt(exc)
-        return _aborted(state, contexts)
-    except BaseException as exc:
-        message = f"cannot render a {type(value).__name__} result: {describe(exc)}"
-        return _failure(call, _TOOL_ERROR, message, contexts, exc)
-    result = make_result(call, True, content, value, None, contexts)
-    if state.hooks.results_unseen:
-        state.own_result = result  # no user code will see it before it is final
-    return result
+        fused.close()  # nothing of this body stays linked to the caller's token
 
 
 # -- after the wrappers --------------------------------------------------------------------------
@@ -664,16 +501,14 @@ def _success(
 
 def _post_execute(state: CallState, result: ToolResult[Any]) -> ToolResult[Any]:
     """The post-execute hooks in order; the caller then lets cancellation replace a success."""
-    state.stage = _POST_EXECUTE  # `state.at(...)`, inline: this runs for every call with the hook
-    if state.debug:
-        state.log_stage()
+    state.stage = _POST_EXECUTE
     for hook in state.hooks.post_execute:
         try:
             replaced: object = hook(result, state.token)
         except BaseException as exc:
             if not _is_cancellation(state, exc, state.token):
                 return _hook_failure(state, "post-execute hook", f"raised {describe(exc)}", exc)
-            return result if not result.ok else _aborted(state, tuple(result.contexts))
+            return result if not result.ok else aborted(state, tuple(result.contexts))
         if replaced is None:
             continue
         problem = _malformed(replaced)
@@ -691,9 +526,7 @@ def _notify(state: CallState, result: ToolResult[Any]) -> None:
     observers = state.hooks.observers
     if not observers:
         return
-    state.stage = _OBSERVERS  # `state.at(...)`, inline: this runs for every call with the hook
-    if state.debug:
-        state.log_stage()
+    state.stage = _OBSERVERS
     for observer in observers:
         try:
             observer(result)
@@ -706,29 +539,12 @@ def _notify(state: CallState, result: ToolResult[Any]) -> None:
 # -- results -------------------------------------------------------------------------------------
 
 
-def _aborted(state: CallState, contexts: tuple[Any, ...] = _NO_CONTEXTS) -> ToolResult[Any]:
-    if state.dispatched:
-        return _failure(state.call, _ABORTED, "tool call aborted", contexts)
-    return _failure(state.call, _BEFORE, "tool call aborted before dispatch", contexts)
-
-
-def _failure(
-    call: ToolCall,
-    code: ErrorCode,
-    message: str,
-    contexts: tuple[Any, ...] = _NO_CONTEXTS,
-    exception: BaseException | None = None,
-) -> ToolResult[Any]:
-    error = ToolError(code, message, exception)
-    return make_result(call, False, failure_content(code, message), None, error, contexts)
-
-
 def _hook_failure(
     state: CallState, what: str, problem: str, exc: BaseException | None = None
 ) -> ToolResult[Any]:
     if exc is not None:
         logger.error("toolreg: %s failed for %s", what, state.call.call_id, exc_info=exc)
-    result = _failure(state.call, ErrorCode.HOOK_ERROR, f"{what} {problem}", _NO_CONTEXTS, exc)
+    result = failure(state.call, ErrorCode.HOOK_ERROR, f"{what} {problem}", _NO_CONTEXTS, exc)
     state.hook_error = result
     return result
 
@@ -736,7 +552,7 @@ def _hook_failure(
 def _raised(state: CallState, what: str, exc: BaseException, token: CancelToken) -> ToolResult[Any]:
     """The result of a hook or wrapper that raised `exc`."""
     if _is_cancellation(state, exc, token):
-        return _aborted(state)
+        return aborted(state)
     return _hook_failure(state, what, f"raised {describe(exc)}", exc)
 
 

@@ -51,11 +51,10 @@ class TimeoutPolicy:
     has returned.
     """
 
-    # It hands on the result it got, or a new one, and keeps neither: the registry may finish
-    # a result in place rather than copy it (`HookSet.results_unseen`).
+    # The registry's own policy (`_hooks.OwnPolicy`): it hands on the result it got, or a new
+    # one, and keeps neither; alone around the body, the registry runs its deadline with no
+    # chain (`HookSet.deadline`).
     _keeps_no_result = True
-    # Alone around the body, the registry may run it as the body's deadline, without a chain
-    # (`HookSet.timeout_only`): `_seconds`, `_expired` and `_message` are what it uses.
     _runs_as_deadline = True
 
     def __init__(self, code: str = "TOOL_TIMEOUT", *, default: float | None = None) -> None:
@@ -74,37 +73,45 @@ class TimeoutPolicy:
     ) -> ToolResult[Any]:
         """`__call__` with the rest of the chain as `proceed(*args)`: how the registry runs it,
         with no `proceed()` made per call (`HookSet.chain_runs`)."""
-        # The registry's own Dispatch, read and written through its slots: the properties
-        # would check a token this code made itself (three reads and two writes per call).
-        seconds = self._seconds(dispatch._tool)
+        tool = dispatch.tool
+        seconds = self._seconds(tool)
         if seconds is None:
             return proceed(*args)
-        previous = dispatch._token
-        call_token = dispatch._call_token
+        previous = dispatch.token
+        call_token = dispatch.call_token
         # The deadline also follows the call's token, so a caller who cancels first cancels it
         # (with the caller's reason, never `timed_out`) even when an outer wrapper replaced
         # `dispatch.token` with a token the caller does not reach.
         follows = None if previous is call_token else CancelSource(previous, call_token)
         parent = previous if follows is None else follows.token
         budget = deadline_token(parent, seconds, self.code)
-        dispatch._token = budget
+        dispatch.token = budget
         try:
-            result = proceed(*args)
-            expired = self._expired(budget, result)
+            result = self._timed(tool, budget, proceed(*args))
         finally:
             close_token(budget)  # disarm first: from here on the timer cannot fire
             if follows is not None:
                 follows.close()
-            dispatch._token = previous
-        if expired:
-            return ToolResult.failure(
-                result.call, ErrorCode.TOOL_TIMEOUT, self._message(seconds), result.contexts
-            )
+            dispatch.token = previous
         return result
 
-    # The steps of a run, which the registry also takes itself for a call whose only around
-    # wrapper is a TimeoutPolicy (`HookSet.timeout_only`): the deadline is then the body's token,
-    # with no chain around the body.
+    # The deadline as data (`HookSet.deadline`): what `_run_in_chain` does around the chain,
+    # done by the registry around the body, the deadline being the body's token.
+
+    def _open_deadline(self, tool: Tool, parent: CancelToken) -> CancelToken | None:
+        """The deadline of a call of `tool`: a lazy child of `parent`; None if it has none."""
+        seconds = self._seconds(tool)
+        return None if seconds is None else deadline_token(parent, seconds, self.code)
+
+    def _close_deadline(
+        self, tool: Tool, budget: CancelToken, result: ToolResult[Any]
+    ) -> ToolResult[Any]:
+        """After the body: `result`, or `TOOL_TIMEOUT` if `budget` is what cancelled it;
+        `budget` closed (after that read: a closed lazy deadline is not resolved again)."""
+        try:
+            return self._timed(tool, budget, result)
+        finally:
+            close_token(budget)
 
     def _seconds(self, tool: Tool) -> float | None:
         """The deadline's length for `tool`, or None for no deadline. Both durations were
@@ -116,17 +123,17 @@ class TimeoutPolicy:
                 return None
         return float(seconds)
 
-    @staticmethod
-    def _expired(budget: CancelToken, result: ToolResult[Any]) -> bool:
-        """Whether `result` is this deadline's cancellation: to be read before closing it (a
-        closed lazy deadline is not resolved again; a token below it that the body observed
-        may have inherited its due time without marking it)."""
+    def _timed(self, tool: Tool, budget: CancelToken, result: ToolResult[Any]) -> ToolResult[Any]:
+        """`result`, or `TOOL_TIMEOUT` if it is the cancellation of `budget`'s own due time: to
+        be read before closing it (a closed lazy deadline is not resolved again; a token below
+        it that the body observed may have inherited its due time without marking it)."""
         error = result.error
-        return error is not None and error.code in _CANCELLATIONS and timed_out(budget)
-
-    @staticmethod
-    def _message(seconds: float) -> str:
-        return f"tool call timed out after {format(seconds, 'g')}s"
+        if error is None or error.code not in _CANCELLATIONS or not timed_out(budget):
+            return result
+        seconds = self._seconds(tool)
+        assert seconds is not None  # it made the deadline
+        message = f"tool call timed out after {format(seconds, 'g')}s"
+        return ToolResult.failure(result.call, ErrorCode.TOOL_TIMEOUT, message, result.contexts)
 
     def __repr__(self) -> str:
         return f"TimeoutPolicy(code={self.code!r}, default={self.default!r})"
@@ -165,8 +172,10 @@ class RetryPolicy:
     records the delays and returns at once.
     """
 
-    # It hands on the last attempt's result and keeps none (`HookSet.results_unseen`).
+    # The registry's own policy (`_hooks.OwnPolicy`): it hands on the last attempt's result
+    # and keeps none; it has no deadline to offer.
     _keeps_no_result = True
+    _runs_as_deadline = False
 
     def __init__(
         self,

@@ -49,7 +49,7 @@ from ._batch import BatchHost, Progress, check_batch, execute_batch
 from ._body import owned_call
 from ._call import CallMode, CallState
 from ._cancel import CancelSource, CancelToken, caller_token
-from ._claim import Claim
+from ._claim import Claim, claim
 from ._dispatch import dispatcher_of
 from ._errors import ExecutorRefusedError, InsideCallError, RegistryClosedError
 from ._helper import HELPER
@@ -342,11 +342,11 @@ class _Job(Claim):
 
     def _run(self) -> None:
         """On a worker: run the work unless a canceller claimed it; deliver its outcome."""
-        if self._claimed():
+        if claim(self):
             self._finish(self._work)
 
     def _drop(self) -> None:
-        if self._claimed():
+        if claim(self):
             HELPER.call_soon(lambda: self._finish(self._dropped))
 
     def _dropped(self) -> Any:
@@ -378,7 +378,7 @@ class _Job(Claim):
         Both the unstarted results (observers) and the token's cancellation (its callbacks) are
         user code, so they run on the helper thread; the claim itself is decided right here.
         """
-        if self._claimed():
+        if claim(self):
             HELPER.call_soon(lambda: self._finish(lambda: self._never_started(reason)))
         else:
             self._cancel_reason = reason
@@ -386,7 +386,7 @@ class _Job(Claim):
 
     def refuse(self, exc: BaseException) -> None:
         """The executor would not take the job (it was shut down): fail the awaiting task."""
-        if self._claimed():
+        if claim(self):
             self.dispatcher.untrack(self.key)
             refused = ExecutorRefusedError(f"the executor refused the call: {exc}")
             self._deliver((False, refused))
@@ -554,7 +554,7 @@ class _Outbox:
         """Run the job unless a canceller claimed it; deliver its outcome."""
         outcome = None
         try:
-            if job._claimed():
+            if claim(job):
                 outcome = job._outcome(job._work)
         finally:
             lock = self._lock

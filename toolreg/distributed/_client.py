@@ -17,7 +17,7 @@ from typing import Any, TypeVar, cast
 import cloudpickle
 from distributed import Client
 
-from .._body import NotStarted, ToolContext
+from .._body import NotStarted, ToolContext, rechecked
 from .._catalog import RUNNER_ATTRIBUTE
 from ._attempt import Attempt, deliver
 from ._board import BOARD_NAME, KEY_PREFIX, ClaimBoard
@@ -176,7 +176,7 @@ class DaskBackend:
         token = ctx.token
         reason: bytes | None = None
         if token.cancelled:
-            if ctx._live:  # cancelled since the registry's last recheck: it never starts
+            if rechecked(ctx):  # cancelled since the registry's last recheck: it never starts
                 raise NotStarted
             reason = dump_reason(token.reason)  # pre-aborted: it starts cancelled, as locally
         body = runner.pickled()
