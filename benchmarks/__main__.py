@@ -122,9 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also write the figures as a Markdown page (docs/performance.md), both regimes",
     )
     args = parser.parse_args(argv)
-    # An SDK server built in this process (MCPServer) sets the root logger to INFO, and the
-    # HTTP client then logs a line per request: thousands of lines between the tables.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    # Once something in this process sets the root logger (or httpx's) to INFO, the HTTP
+    # client logs a line per request: thousands of lines between the tables. Its records stop
+    # here whatever level it is given later.
+    httpx = logging.getLogger("httpx")
+    httpx.setLevel(logging.WARNING)
+    httpx.propagate = False
+    httpx.addHandler(logging.NullHandler())
     names = discover()
     if args.only:
         wanted = [n if n.startswith("bench_") else f"bench_{n}" for n in args.only.split(",")]
