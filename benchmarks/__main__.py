@@ -122,13 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also write the figures as a Markdown page (docs/performance.md), both regimes",
     )
     args = parser.parse_args(argv)
-    # Once something in this process sets the root logger (or httpx's) to INFO, the HTTP
+    # Once something in this process sets the root logger (or the client's) to INFO, the HTTP
     # client logs a line per request: thousands of lines between the tables. Its records stop
     # here whatever level it is given later.
-    httpx = logging.getLogger("httpx")
-    httpx.setLevel(logging.WARNING)
-    httpx.propagate = False
-    httpx.addHandler(logging.NullHandler())
+    for name in ("httpx", "httpx2"):  # the SDK's client uses httpx2
+        client = logging.getLogger(name)
+        client.setLevel(logging.WARNING)
+        client.propagate = False
+        client.addHandler(logging.NullHandler())
     names = discover()
     if args.only:
         wanted = [n if n.startswith("bench_") else f"bench_{n}" for n in args.only.split(",")]
