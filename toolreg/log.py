@@ -361,7 +361,7 @@ _seconds_cache: tuple[int, str] = (-1, "")
 
 
 def _utc_timestamp(now: float) -> str:
-    """`now` (epoch seconds) as ISO 8601 UTC with microseconds: `2025-01-02T03:04:05.000006Z`."""
+    """`now` (epoch seconds) as ISO 8601 UTC, to the microsecond, with a `Z` suffix."""
     global _seconds_cache
     seconds = int(now)
     cached = _seconds_cache  # one tuple, read and replaced atomically: no lock needed

@@ -52,7 +52,7 @@ _CANCEL_COLOR = "#111111"
 _GAP = 0.6  # blank lanes between two tools
 _MESSAGES_KEPT = 10_000  # distinct error messages kept for the hover texts
 _HISTOGRAM_BINS = 40
-_LOG_FLOOR = 1e-6  # durations below 1 us are drawn at 1 us on log axes
+_LOG_FLOOR = 1e-6  # a log axis has no zero: shorter durations are drawn at this floor
 _HISTOGRAM_TOOLS = 12  # the tools with most calls get a histogram line
 _TOOL_COLORS = (
     "#1f77b4",
@@ -291,7 +291,7 @@ def histogram(tools: list[ToolStats]) -> tuple[list[dict[str, Any]], dict[str, A
 
 
 def span(seconds: float) -> str:
-    """A duration as `15µs`, `12.3ms` or `1.500s`."""
+    """A duration in the unit that suits it (microseconds, milliseconds or seconds)."""
     if seconds < 1e-3:
         return f"{seconds * 1e6:.0f}µs"
     if seconds < 1.0:

@@ -56,9 +56,9 @@ without a body or a cancellation tick; the page says how many calls that concern
 
 Files are read as `stats` reads them (rotated and gzipped siblings too; --no-rotated reads only
 the named files); bad lines are counted and listed, never fatal. Filters: --tool NAME (repeat
-it for several tools); --since and --until (ISO 8601: 2026-12-01, 2026-12-01T05:00:00Z, ...; a
-time without an offset is UTC) keep the calls that overlap the window (entered before --until,
-finished after --since), and leave out calls without a usable time.
+it for several tools); --since and --until (ISO 8601: a date YYYY-MM-DD or a time
+YYYY-MM-DDTHH:MM:SSZ; a time without an offset is UTC) keep the calls that overlap the window
+(entered before --until, finished after --since), and leave out calls without a usable time.
 
 Large logs: the page draws each call while at most {EACH_CALL_LIMIT:,} are in view and redraws
 as you zoom; with more in view it aggregates (per tool, a heat strip of calls in flight, with
@@ -74,7 +74,7 @@ Exit status: 0; 1 if a PATH could not be read, no file could be read or the filt
 EXAMPLES = """\
 examples:
   python -m toolreg report calls.jsonl -o report.html
-  python -m toolreg report calls.jsonl -o slow.html --tool search --since 2026-12-01T05:00Z
+  python -m toolreg report calls.jsonl -o slow.html --tool search --since YYYY-MM-DDT05:00Z
   python -m toolreg report calls.jsonl -o report.html --overdue 1   # overdue: > 1 s after cancel"""
 
 

@@ -49,7 +49,8 @@ function toolregTimeline(id, D, config) {
     var micro = Math.min(999, Math.round((ms - whole) * 1000));
     return text.slice(0, 10) + " " + text.slice(11, 23) + String(micro).padStart(3, "0") + "Z";
   }
-  function toMs(value) {  // plotly reports date ranges as "2026-12-01 07:00:01.2345" (UTC)
+  // plotly reports date ranges as UTC text with a space, not a T, before the time
+  function toMs(value) {
     if (typeof value === "number") return value;
     var m = /^(\d+)-(\d+)-(\d+)(?:[ T](\d+):(\d+)(?::(\d+)(\.\d+)?)?)?/.exec(String(value));
     if (!m) return NaN;
