@@ -210,6 +210,18 @@ class WorkerLoop:
         self.asyncio_loop.close()
 
 
+def worker_side(loop: WorkerLoop, scheduler: object) -> _WorkerSide:
+    """A worker's side of the claim board on `loop`, talking to a fake `scheduler`."""
+
+    class Worker:
+        address = "tcp://worker-1"
+
+    worker = Worker()
+    worker.scheduler = scheduler  # type: ignore[attr-defined]
+    worker.loop = loop  # type: ignore[attr-defined]
+    return _WorkerSide(worker)
+
+
 def test_claims_made_while_one_is_on_its_way_go_together_in_the_next() -> None:
     loop = WorkerLoop()
     sent: list[list[str]] = []
@@ -224,12 +236,7 @@ def test_claims_made_while_one_is_on_its_way_go_together_in_the_next() -> None:
                 await asyncio.get_running_loop().run_in_executor(None, release.wait, WAIT)
             return ["started" if key.endswith(("0", "2")) else "refused" for key in keys]
 
-    class Worker:
-        address = "tcp://worker-1"
-        scheduler = Scheduler()
-
-    Worker.loop = loop  # type: ignore[attr-defined]
-    side = _WorkerSide(Worker())
+    side = worker_side(loop, Scheduler())
     verdicts: dict[str, str] = {}
 
     def claim(key: str) -> None:
@@ -268,12 +275,7 @@ def test_a_claim_message_that_fails_fails_each_claim_it_carried() -> None:
         async def toolreg_claim(self, keys: list[str], worker: str) -> list[str]:
             raise OSError("scheduler unreachable")
 
-    class Worker:
-        address = "tcp://worker-1"
-        scheduler = Scheduler()
-
-    Worker.loop = loop  # type: ignore[attr-defined]
-    side = _WorkerSide(Worker())
+    side = worker_side(loop, Scheduler())
     try:
         with pytest.raises(OSError, match="unreachable"):
             side.claim("toolreg-t-0")
@@ -338,12 +340,7 @@ def test_a_claim_message_cut_short_by_the_loop_going_away_fails_its_claims() -> 
         async def toolreg_claim(self, keys: list[str], worker: str) -> list[str]:
             raise asyncio.CancelledError  # what a worker's loop shutting down delivers
 
-    class Worker:
-        address = "tcp://worker-1"
-        scheduler = Scheduler()
-
-    Worker.loop = loop  # type: ignore[attr-defined]
-    side = _WorkerSide(Worker())
+    side = worker_side(loop, Scheduler())
     try:
         with pytest.raises(RuntimeError, match="stopped while claiming"):
             side.claim("toolreg-t-0")
